@@ -1,0 +1,411 @@
+/*
+ * context.c - contexts (per-thread stack, one primary context per device)
+ * and streams of the fake driver.  Work is synchronous, so contexts only
+ * name a device and streams are checked tokens.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+
+#include "internal.h"
+
+/* ---------------------------------------------------------------- contexts */
+
+/* One primary context per device; user contexts are kept in a registry and
+ * never freed, so a stale handle is detected instead of being a dangling
+ * pointer. */
+static struct fc_ctx g_primary[FC_MAX_DEVICES];
+static int g_primary_refs[FC_MAX_DEVICES];
+static unsigned int g_primary_flags[FC_MAX_DEVICES];
+static pthread_mutex_t g_ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fc_ctx *g_user_ctxs;
+
+/* Per-thread context stack, as in the real driver. */
+#define CTX_STACK_MAX 64
+static _Thread_local struct fc_ctx *tls_stack[CTX_STACK_MAX];
+static _Thread_local int tls_depth;
+
+struct fc_ctx *fc_current_ctx(void)
+{
+    struct fc_ctx *c;
+
+    if (tls_depth == 0)
+        return NULL;
+    c = tls_stack[tls_depth - 1];
+    if (!c || atomic_load_explicit(&c->destroyed, memory_order_relaxed))
+        return NULL;
+    return c;
+}
+
+static int ctx_valid(struct fc_ctx *c)
+{
+    struct fc_ctx *it;
+    int ok = 0;
+
+    if (!c)
+        return 0;
+    for (int i = 0; i < fc_cfg.device_count; i++)
+        if (c == &g_primary[i])
+            return 1;
+    pthread_mutex_lock(&g_ctx_lock);
+    for (it = g_user_ctxs; it; it = it->next)
+        if (it == c) {
+            ok = !atomic_load(&c->destroyed);
+            break;
+        }
+    pthread_mutex_unlock(&g_ctx_lock);
+    return ok;
+}
+
+static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    struct fc_ctx *c;
+
+    (void)flags;
+    DEV_CHECK(pctx, dev);
+    if (tls_depth >= CTX_STACK_MAX)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c = calloc(1, sizeof *c);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c->dev = dev;
+    pthread_mutex_lock(&g_ctx_lock);
+    c->next = g_user_ctxs;
+    g_user_ctxs = c;
+    pthread_mutex_unlock(&g_ctx_lock);
+    tls_stack[tls_depth++] = c;   /* a new context is pushed as current */
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    FC_COUNT(cuCtxCreate);
+    return ctx_create(pctx, flags, dev);
+}
+
+FC_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    FC_COUNT(cuCtxCreate_v2);
+    return ctx_create(pctx, flags, dev);
+}
+
+static CUresult ctx_destroy(CUcontext ctx)
+{
+    int j = 0;
+
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ctx_valid(ctx) || ctx->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    atomic_store(&ctx->destroyed, 1);
+    /* Drop it from the calling thread's stack; other threads see it as
+     * destroyed through the flag. */
+    for (int i = 0; i < tls_depth; i++)
+        if (tls_stack[i] != ctx)
+            tls_stack[j++] = tls_stack[i];
+    tls_depth = j;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxDestroy(CUcontext ctx)
+{
+    FC_COUNT(cuCtxDestroy);
+    return ctx_destroy(ctx);
+}
+
+FC_API CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    FC_COUNT(cuCtxDestroy_v2);
+    return ctx_destroy(ctx);
+}
+
+FC_API CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    FC_COUNT(cuCtxGetCurrent);
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = fc_current_ctx();
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    FC_COUNT(cuCtxSetCurrent);
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ctx) {                 /* NULL pops the top, or is a no-op */
+        if (tls_depth > 0)
+            tls_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (!ctx_valid(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (tls_depth == 0)
+        tls_depth = 1;
+    tls_stack[tls_depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+
+static CUresult ctx_push(CUcontext ctx)
+{
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ctx_valid(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (tls_depth >= CTX_STACK_MAX)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    tls_stack[tls_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxPushCurrent(CUcontext ctx)
+{
+    FC_COUNT(cuCtxPushCurrent);
+    return ctx_push(ctx);
+}
+
+FC_API CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    FC_COUNT(cuCtxPushCurrent_v2);
+    return ctx_push(ctx);
+}
+
+static CUresult ctx_pop(CUcontext *pctx)
+{
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (tls_depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    tls_depth--;
+    if (pctx)                   /* the out-pointer is optional */
+        *pctx = tls_stack[tls_depth];
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxPopCurrent(CUcontext *pctx)
+{
+    FC_COUNT(cuCtxPopCurrent);
+    return ctx_pop(pctx);
+}
+
+FC_API CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    FC_COUNT(cuCtxPopCurrent_v2);
+    return ctx_pop(pctx);
+}
+
+FC_API CUresult cuCtxGetDevice(CUdevice *dev)
+{
+    struct fc_ctx *c;
+
+    FC_COUNT(cuCtxGetDevice);
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!(c = fc_current_ctx()))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = c->dev;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx)
+{
+    FC_COUNT(cuCtxGetDevice_v2);
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx)
+        ctx = fc_current_ctx();
+    else if (!ctx_valid(ctx))
+        ctx = NULL;
+    if (!ctx)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = ctx->dev;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxSynchronize(void)
+{
+    FC_COUNT(cuCtxSynchronize);
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return fc_current_ctx() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* ------------------------------------------------------- primary contexts */
+
+FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    FC_COUNT(cuDevicePrimaryCtxRetain);
+    DEV_CHECK(pctx, dev);
+    pthread_mutex_lock(&g_ctx_lock);
+    g_primary[dev].dev = dev;
+    g_primary[dev].primary = 1;
+    g_primary_refs[dev]++;
+    pthread_mutex_unlock(&g_ctx_lock);
+    *pctx = &g_primary[dev];
+    return CUDA_SUCCESS;
+}
+
+static CUresult primary_release(CUdevice dev)
+{
+    CUresult rc = CUDA_SUCCESS;
+
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_ctx_lock);
+    if (g_primary_refs[dev] > 0)
+        g_primary_refs[dev]--;
+    else
+        rc = CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_unlock(&g_ctx_lock);
+    return rc;
+}
+
+FC_API CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    FC_COUNT(cuDevicePrimaryCtxRelease);
+    return primary_release(dev);
+}
+
+FC_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    FC_COUNT(cuDevicePrimaryCtxRelease_v2);
+    return primary_release(dev);
+}
+
+/* Reset only forgets the flags: device memory is owned by the device here,
+ * so outstanding allocations stay accounted (tests can observe leaks). */
+static CUresult primary_reset(CUdevice dev)
+{
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_ctx_lock);
+    g_primary_flags[dev] = 0;
+    pthread_mutex_unlock(&g_ctx_lock);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    FC_COUNT(cuDevicePrimaryCtxReset);
+    return primary_reset(dev);
+}
+
+FC_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    FC_COUNT(cuDevicePrimaryCtxReset_v2);
+    return primary_reset(dev);
+}
+
+FC_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    FC_COUNT(cuDevicePrimaryCtxGetState);
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_ctx_lock);
+    *flags = g_primary_flags[dev];
+    *active = g_primary_refs[dev] > 0;
+    pthread_mutex_unlock(&g_ctx_lock);
+    return CUDA_SUCCESS;
+}
+
+static CUresult primary_set_flags(CUdevice dev, unsigned int flags)
+{
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_ctx_lock);
+    g_primary_flags[dev] = flags;
+    pthread_mutex_unlock(&g_ctx_lock);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
+{
+    FC_COUNT(cuDevicePrimaryCtxSetFlags);
+    return primary_set_flags(dev, flags);
+}
+
+FC_API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
+{
+    FC_COUNT(cuDevicePrimaryCtxSetFlags_v2);
+    return primary_set_flags(dev, flags);
+}
+
+/* ----------------------------------------------------------------- streams */
+
+/* Work is synchronous, so a stream is just a checked token. */
+#define STREAM_MAGIC 0x5354524dU
+struct fc_stream {
+    unsigned int magic;
+    int dev;
+};
+
+FC_API CUresult cuStreamCreate(CUstream *phStream, unsigned int flags)
+{
+    struct fc_ctx *c;
+    struct fc_stream *s;
+
+    (void)flags;
+    FC_COUNT(cuStreamCreate);
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!phStream)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!(c = fc_current_ctx()))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!(s = malloc(sizeof *s)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    s->magic = STREAM_MAGIC;
+    s->dev = c->dev;
+    *phStream = s;
+    return CUDA_SUCCESS;
+}
+
+static CUresult stream_destroy(CUstream s)
+{
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!s || s->magic != STREAM_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    s->magic = 0;
+    free(s);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuStreamDestroy(CUstream hStream)
+{
+    FC_COUNT(cuStreamDestroy);
+    return stream_destroy(hStream);
+}
+
+FC_API CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    FC_COUNT(cuStreamDestroy_v2);
+    return stream_destroy(hStream);
+}
+
+FC_API CUresult cuStreamSynchronize(CUstream hStream)
+{
+    FC_COUNT(cuStreamSynchronize);
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (hStream && hStream->magic != STREAM_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return CUDA_SUCCESS;
+}
+

@@ -1,0 +1,120 @@
+/*
+ * cuda_types.h - our own minimal declarations of the CUDA driver API types
+ * and of the entry points the fake driver exports.
+ *
+ * Written from the public API documentation; deliberately NOT a copy of the
+ * vendor header: only the handful of types, constants and prototypes that the
+ * fake driver and the C test clients need.  The ABI (argument types and sizes)
+ * matches the real driver, which is what matters to an LD_PRELOAD interposer.
+ */
+#ifndef VRAMCAP_CUDA_TYPES_H
+#define VRAMCAP_CUDA_TYPES_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef int CUdevice_attribute;
+typedef unsigned long long CUdeviceptr;   /* 64-bit device pointer (_v2 ABI) */
+typedef unsigned int CUdeviceptr_v1;      /* legacy 32-bit device pointer */
+typedef unsigned long long cuuint64_t;
+typedef int CUdriverProcAddressQueryResult;
+
+typedef struct fc_ctx *CUcontext;         /* opaque */
+typedef struct fc_stream *CUstream;       /* opaque */
+typedef struct { char bytes[16]; } CUuuid;
+
+/* Result codes used by the fake (values are the documented ones). */
+#define CUDA_SUCCESS                    0
+#define CUDA_ERROR_INVALID_VALUE        1
+#define CUDA_ERROR_OUT_OF_MEMORY        2
+#define CUDA_ERROR_NOT_INITIALIZED      3
+#define CUDA_ERROR_DEINITIALIZED        4
+#define CUDA_ERROR_NO_DEVICE            100
+#define CUDA_ERROR_INVALID_DEVICE       101
+#define CUDA_ERROR_INVALID_CONTEXT      201
+#define CUDA_ERROR_INVALID_HANDLE       400
+#define CUDA_ERROR_NOT_FOUND            500
+#define CUDA_ERROR_NOT_READY            600
+#define CUDA_ERROR_NOT_PERMITTED        800
+#define CUDA_ERROR_NOT_SUPPORTED        801
+#define CUDA_ERROR_UNKNOWN              999
+
+/* cuGetProcAddress flags and query results. */
+#define CU_GET_PROC_ADDRESS_DEFAULT                    0
+#define CU_GET_PROC_ADDRESS_LEGACY_STREAM              1
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM  2
+#define CU_GET_PROC_ADDRESS_SUCCESS                    0
+#define CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND           1
+#define CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT     2
+
+/* ---- Entry points exported by the fake driver (real driver signatures). ---- */
+CUresult cuInit(unsigned int flags);
+CUresult cuDriverGetVersion(int *version);
+CUresult cuDeviceGet(CUdevice *dev, int ordinal);
+CUresult cuDeviceGetCount(int *count);
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
+CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
+CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev);
+
+CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxDestroy(CUcontext ctx);
+CUresult cuCtxDestroy_v2(CUcontext ctx);
+CUresult cuCtxGetCurrent(CUcontext *pctx);
+CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxPushCurrent(CUcontext ctx);
+CUresult cuCtxPushCurrent_v2(CUcontext ctx);
+CUresult cuCtxPopCurrent(CUcontext *pctx);
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
+CUresult cuCtxGetDevice(CUdevice *dev);
+CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx);
+CUresult cuCtxSynchronize(void);
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
+CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags);
+CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags);
+
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize);
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+CUresult cuMemFree(CUdeviceptr_v1 dptr);
+CUresult cuMemFree_v2(CUdeviceptr dptr);
+CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes);
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n);
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n);
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n);
+CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n);
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n);
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char uc, size_t n);
+
+CUresult cuStreamCreate(CUstream *phStream, unsigned int flags);
+CUresult cuStreamDestroy(CUstream hStream);
+CUresult cuStreamDestroy_v2(CUstream hStream);
+CUresult cuStreamSynchronize(CUstream hStream);
+
+CUresult cuGetErrorString(CUresult error, const char **pStr);
+CUresult cuGetErrorName(CUresult error, const char **pStr);
+CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId);
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                          cuuint64_t flags);
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                             cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,33 @@
+/*
+ * fakecuda.h - test-only API exported by the fake libcuda.so.1.
+ *
+ * Tests reach these with dlsym() on a dlopen("libcuda.so.1") handle, so that
+ * they observe what actually reached the driver (below any interposer).
+ */
+#ifndef VRAMCAP_FAKECUDA_H
+#define VRAMCAP_FAKECUDA_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    unsigned long long alloc_calls;  /* allocation calls that reached this device (incl. failed) */
+    unsigned long long free_calls;   /* free calls that reached this device (incl. failed) */
+    unsigned long long bytes_held;   /* sum of requested sizes of live allocations */
+    unsigned long long live_allocs;  /* number of live allocations */
+    unsigned long long peak_bytes;   /* high-water mark of bytes_held */
+    unsigned long long total_bytes;  /* device capacity */
+} fakecuda_stats_t;
+
+/* 0 ok, -1 bad device (or out == NULL). Works before cuInit. */
+int fakecuda_stats(int dev, fakecuda_stats_t *out);
+/* Times the exported entry point `exported_name` was entered; 0 if unknown. */
+unsigned long long fakecuda_calls(const char *exported_name);
+/* The n-th allocation call from now (1 = next) fails with `code`; n <= 0 disarms. */
+void fakecuda_fail_nth_alloc(int n, int code);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

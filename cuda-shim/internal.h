@@ -1,0 +1,73 @@
+/*
+ * internal.h - state shared between the fake driver's translation units.
+ * Nothing here is exported (the library is built with -fvisibility=hidden;
+ * only FC_API functions are visible).
+ */
+#ifndef VRAMCAP_FAKECUDA_INTERNAL_H
+#define VRAMCAP_FAKECUDA_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include "cuda_types.h"
+#include "fakecuda.h"
+
+#define FC_API __attribute__((visibility("default")))
+#define FC_MAX_DEVICES 16
+
+/* Entry point ids, one per exported symbol, from the shared list. */
+enum fc_ep {
+#define EP(base, sym, since, ptds) FC_EP_##sym,
+#include "entrypoints.def"
+#undef EP
+    FC_EP_COUNT
+};
+
+/* Per-entry-point call counters; relaxed atomics are enough for counting. */
+extern atomic_ullong fc_counters[FC_EP_COUNT];
+#define FC_COUNT(sym) atomic_fetch_add_explicit(&fc_counters[FC_EP_##sym], 1, memory_order_relaxed)
+
+/* Configuration, parsed once from the environment (see fc_config_load). */
+struct fc_config {
+    int device_count;
+    int driver_version;
+    int init_fail;                          /* 0 = cuInit succeeds */
+    unsigned long long mem[FC_MAX_DEVICES]; /* total bytes per device */
+};
+extern struct fc_config fc_cfg;
+void fc_config_load(void);                  /* idempotent (pthread_once) */
+int fc_initialized(void);                   /* cuInit succeeded */
+
+static inline int valid_dev(CUdevice dev)
+{
+    return dev >= 0 && dev < fc_cfg.device_count;
+}
+
+/* Common prologue of the per-device entry points. */
+#define DEV_CHECK(ptr, dev)                                  \
+    do {                                                     \
+        if (!fc_initialized()) return CUDA_ERROR_NOT_INITIALIZED; \
+        if (!(ptr)) return CUDA_ERROR_INVALID_VALUE;         \
+        if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE; \
+    } while (0)
+
+/* Contexts: a context only names its device; memory is per device. */
+struct fc_ctx {
+    int dev;
+    int primary;
+    atomic_int destroyed;
+    struct fc_ctx *next;    /* registry of cuCtxCreate'd contexts (never freed) */
+};
+/* Current context of the calling thread, or NULL. */
+struct fc_ctx *fc_current_ctx(void);
+
+/* Per-device statistics; updated by the allocator. */
+struct fc_devstats {
+    atomic_ullong alloc_calls, free_calls, bytes_held, live_allocs, peak_bytes;
+};
+extern struct fc_devstats fc_stats[FC_MAX_DEVICES];
+
+/* Allocator hooks (fakemem.c). */
+void fc_mem_config_fail(long long nth, int code); /* from FAKECUDA_FAIL_ALLOC */
+
+#endif

@@ -1,0 +1,151 @@
+//! Configuration from the environment, read once per process (and again after `exec`).
+//! Every variable is documented in docs/configuration.md.
+
+pub mod limits;
+pub mod size;
+
+use limits::{ConfigError, LimitSpec};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Error = 0,
+    Warn = 1,
+    Info = 2,
+    Debug = 3,
+}
+
+#[derive(Debug)]
+pub struct Config {
+    /// `VRAMCAP_DISABLE=1`: every hook forwards to the driver untouched.
+    pub disabled: bool,
+    pub log_level: Level,
+    pub limits: LimitSpec,
+    /// `VRAMCAP_REAL_LIBCUDA`: the driver to open instead of `libcuda.so.1`.
+    pub real_libcuda: Option<String>,
+    /// Set when any input was invalid: we then fail closed (nothing is handed out uncapped).
+    pub error: Option<ConfigError>,
+    /// Non-fatal problems to print once.
+    pub warnings: Vec<String>,
+}
+
+impl Config {
+    /// Pure: builds the configuration from `(name, value)` pairs.
+    pub fn from_vars(vars: &[(String, String)]) -> Config {
+        let get = |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        let mut warnings = Vec::new();
+        let mut error = None;
+        let log_level = match get("VRAMCAP_LOG").map(|v| v.trim().to_ascii_lowercase()) {
+            None => Level::Warn,
+            Some(v) => match v.as_str() {
+                "" | "warn" | "warning" => Level::Warn,
+                "error" => Level::Error,
+                "info" => Level::Info,
+                "debug" => Level::Debug,
+                _ => {
+                    warnings.push(format!(
+                        "ignoring VRAMCAP_LOG={v:?}: expected error, warn, info or debug; using warn"
+                    ));
+                    Level::Warn
+                }
+            },
+        };
+        let disabled = match get("VRAMCAP_DISABLE").map(|v| v.trim().to_ascii_lowercase()) {
+            None => false,
+            Some(v) => match v.as_str() {
+                "" | "0" | "false" | "no" | "off" => false,
+                "1" | "true" | "yes" | "on" => true,
+                _ => {
+                    error = Some(ConfigError {
+                        var: "VRAMCAP_DISABLE".into(),
+                        value: v.clone(),
+                        reason: "not a boolean".into(),
+                        expected: "1 (pass everything through) or 0".into(),
+                    });
+                    false
+                }
+            },
+        };
+        let limits = match LimitSpec::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
+            Ok(s) => s,
+            Err(e) => {
+                error.get_or_insert(e);
+                LimitSpec::default()
+            }
+        };
+        let real_libcuda = get("VRAMCAP_REAL_LIBCUDA").filter(|v| !v.is_empty()).map(str::to_string);
+        Config { disabled, log_level, limits, real_libcuda, error, warnings }
+    }
+
+    fn from_env() -> Config {
+        let vars: Vec<(String, String)> = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .filter(|(k, _)| k.starts_with("VRAMCAP_") || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT"))
+            .collect();
+        Config::from_vars(&vars)
+    }
+}
+
+static CONFIG: AtomicPtr<Config> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The process's configuration. Racing first callers each parse and one wins the swap: nobody
+/// waits on anybody, and the parse touches nothing but the environment.
+pub fn get() -> &'static Config {
+    let p = CONFIG.load(Ordering::Acquire);
+    if !p.is_null() {
+        return unsafe { &*p };
+    }
+    let fresh = Box::into_raw(Box::new(Config::from_env()));
+    match CONFIG.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            let c = unsafe { &*fresh };
+            for w in &c.warnings {
+                crate::log::write_line(&format!("vramcap: {w}"));
+            }
+            if let Some(e) = &c.error {
+                crate::log::write_line(&format!(
+                    "vramcap: {e}. Refusing to run uncapped: CUDA initialisation will fail."
+                ));
+            }
+            c
+        }
+        Err(winner) => {
+            drop(unsafe { Box::from_raw(fresh) });
+            unsafe { &*winner }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(vars: &[(&str, &str)]) -> Config {
+        let v: Vec<(String, String)> = vars.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        Config::from_vars(&v)
+    }
+
+    #[test]
+    fn defaults() {
+        let c = cfg(&[]);
+        assert!(!c.disabled && c.error.is_none() && c.limits.is_empty());
+        assert_eq!(c.log_level, Level::Warn);
+    }
+
+    #[test]
+    fn disable_and_log_levels() {
+        assert!(cfg(&[("VRAMCAP_DISABLE", "1")]).disabled);
+        assert!(!cfg(&[("VRAMCAP_DISABLE", "0")]).disabled);
+        assert!(cfg(&[("VRAMCAP_DISABLE", "maybe")]).error.is_some());
+        assert_eq!(cfg(&[("VRAMCAP_LOG", "DEBUG")]).log_level, Level::Debug);
+        let c = cfg(&[("VRAMCAP_LOG", "loud")]);
+        assert_eq!(c.log_level, Level::Warn);
+        assert_eq!(c.warnings.len(), 1);
+    }
+
+    #[test]
+    fn a_bad_limit_is_an_error_not_a_silent_pass() {
+        let c = cfg(&[("VRAMCAP_LIMIT", "abc")]);
+        assert!(c.error.unwrap().to_string().contains("VRAMCAP_LIMIT"));
+    }
+}

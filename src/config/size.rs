@@ -1,0 +1,146 @@
+//! The size grammar shared by every limit variable (and by the CLI's `--limit`).
+//!
+//! `<n>`                     bytes (an integer)
+//! `<n><k|m|g|t>[i|b|ib]`     binary units, any case: `8g` = `8G` = `8GB` = `8GiB` = 8·2^30
+//!                            (HAMi-core and MPS users write all of these and mean the same)
+//! `<n>%`                    a share of the device's physical memory
+//! `0`                       no limit
+//! `<n>` may have a fractional part with a unit or `%` (`1.5GiB`, `12.5%`); bytes round down.
+
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Size {
+    /// No limit (`0`).
+    Unlimited,
+    Bytes(u64),
+    /// Percent of the device's physical total, in (0, 100].
+    Percent(f64),
+}
+
+/// What a size must look like; every error message quotes it.
+pub const SIZE_FORM: &str =
+    "a size such as 8GiB, 8g, 512MiB, 1073741824 (bytes) or 50% (of the device), or 0 for no limit";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SizeError(pub String);
+
+impl fmt::Display for SizeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+pub fn parse_size(input: &str) -> Result<Size, SizeError> {
+    let s = input.trim();
+    if s.is_empty() {
+        return Err(SizeError("empty value".into()));
+    }
+    if s.starts_with('-') {
+        return Err(SizeError("a size cannot be negative".into()));
+    }
+    let num_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(num_end);
+    if num.is_empty() || num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1 {
+        return Err(SizeError(format!("`{s}` does not start with a number")));
+    }
+    let unit = unit.trim();
+    if unit == "%" {
+        let pct: f64 = num.parse().map_err(|_| SizeError(format!("bad number `{num}`")))?;
+        if !(pct > 0.0 && pct <= 100.0) {
+            return Err(SizeError(format!("{pct}% is outside 0% < share <= 100% (use 0 for no limit)")));
+        }
+        return Ok(Size::Percent(pct));
+    }
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "ki" | "kb" | "kib" => 10,
+        "m" | "mi" | "mb" | "mib" => 20,
+        "g" | "gi" | "gb" | "gib" => 30,
+        "t" | "ti" | "tb" | "tib" => 40,
+        _ => return Err(SizeError(format!("unknown unit `{unit}`"))),
+    };
+    let bytes = if num.contains('.') {
+        if shift == 0 {
+            return Err(SizeError(format!("`{s}`: a byte count must be a whole number")));
+        }
+        let v: f64 = num.parse().map_err(|_| SizeError(format!("bad number `{num}`")))?;
+        let b = v * (1u64 << shift) as f64;
+        if !b.is_finite() || b >= u64::MAX as f64 {
+            return Err(SizeError(format!("`{s}` is too large")));
+        }
+        b as u64
+    } else {
+        let v: u64 = num.parse().map_err(|_| SizeError(format!("`{num}` is too large")))?;
+        v.checked_mul(1u64 << shift).ok_or_else(|| SizeError(format!("`{s}` is too large")))?
+    };
+    Ok(if bytes == 0 { Size::Unlimited } else { Size::Bytes(bytes) })
+}
+
+impl Size {
+    /// Bytes for a device with `physical` bytes; 0 means no limit.
+    pub fn bytes_for(self, physical: u64) -> u64 {
+        match self {
+            Size::Unlimited => 0,
+            Size::Bytes(b) => b,
+            Size::Percent(p) => (((physical as f64) * p / 100.0) as u64).max(1),
+        }
+    }
+}
+
+/// `8589934592` → `8.0 GiB`, for messages and reports.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[u]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const G: u64 = 1 << 30;
+
+    #[test]
+    fn binary_units_in_every_spelling() {
+        for s in ["8g", "8G", "8GB", "8GiB", "8gib", "8Gi", "8 GiB", " 8g "] {
+            assert_eq!(parse_size(s), Ok(Size::Bytes(8 * G)), "{s}");
+        }
+        assert_eq!(parse_size("512m"), Ok(Size::Bytes(512 << 20)));
+        assert_eq!(parse_size("4k"), Ok(Size::Bytes(4096)));
+        assert_eq!(parse_size("2T"), Ok(Size::Bytes(2 << 40)));
+        assert_eq!(parse_size("1073741824"), Ok(Size::Bytes(G)));
+        assert_eq!(parse_size("100b"), Ok(Size::Bytes(100)));
+        assert_eq!(parse_size("1.5GiB"), Ok(Size::Bytes(3 * G / 2)));
+    }
+
+    #[test]
+    fn zero_means_unlimited_and_percent_is_a_share() {
+        assert_eq!(parse_size("0"), Ok(Size::Unlimited));
+        assert_eq!(parse_size("0GiB"), Ok(Size::Unlimited));
+        assert_eq!(parse_size("50%"), Ok(Size::Percent(50.0)));
+        assert_eq!(Size::Percent(50.0).bytes_for(80 * G), 40 * G);
+        assert_eq!(Size::Percent(12.5).bytes_for(8 * G), G);
+        assert_eq!(Size::Unlimited.bytes_for(8 * G), 0);
+    }
+
+    #[test]
+    fn rejects_what_is_not_a_size() {
+        for s in ["", "abc", "1.5x", "-1", "-4g", "g", "8q", "1.5", "1..5g", ".5g", "5.g", "0%", "150%",
+            "99999999999999999999", "20000000t", "8 g b", "%"]
+        {
+            assert!(parse_size(s).is_err(), "accepted {s:?}");
+        }
+    }
+
+    #[test]
+    fn human_readable() {
+        assert_eq!(human(512), "512 B");
+        assert_eq!(human(8 * G), "8.0 GiB");
+        assert_eq!(human(1536 << 20), "1.5 GiB");
+    }
+}

@@ -1,0 +1,192 @@
+//! The one declarative hook table. Each line names an exported driver entry point, its C
+//! signature, where `cuGetProcAddress` places it (base name, the CUDA version that introduced
+//! this ABI, per-thread-default-stream variant or not) and the Rust function that implements it.
+//! From that one line come: the exported wrapper (`#[no_mangle] extern "C"`), the typed accessor
+//! for the real function (`real::name()`), the `dlsym` answer and the `cuGetProcAddress` answer.
+//! No symbol list is kept anywhere else.
+
+use crate::dl::Slot;
+use crate::ffi::*;
+use crate::intercept::{init, mem, procaddr};
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Lib {
+    Cuda = 0,
+    Nvml = 1,
+}
+
+#[derive(Debug)]
+pub struct HookInfo {
+    /// The exported symbol, e.g. `cuMemAlloc_v2`.
+    pub name: &'static str,
+    pub lib: Lib,
+    /// The `cuGetProcAddress` base name, e.g. `cuMemAlloc`.
+    pub base: &'static str,
+    /// The CUDA version (1000·major + 10·minor) that introduced this ABI.
+    pub since: i32,
+    /// A `_ptsz`/`_ptds` variant, handed out for `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+    pub per_thread: bool,
+    pub hook: Hook,
+}
+
+macro_rules! unit {
+    ($x:tt) => {
+        ()
+    };
+}
+
+macro_rules! hook_table {
+    ($(
+        $(#[doc = $doc:literal])*
+        $lib:ident $base:literal $since:literal $per_thread:literal
+        fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $imp:path;
+    )*) => {
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum Hook { $($name),* }
+
+        const COUNT: usize = <[()]>::len(&[$(unit!($name)),*]);
+
+        pub static HOOKS: [HookInfo; COUNT] = [$(HookInfo {
+            name: stringify!($name),
+            lib: Lib::$lib,
+            base: $base,
+            since: $since,
+            per_thread: $per_thread,
+            hook: Hook::$name,
+        }),*];
+
+        static SLOTS: [Slot; COUNT] = [$(Slot::new(concat!(stringify!($name), "\0"), Lib::$lib)),*];
+
+        /// The exported wrappers: what `LD_PRELOAD` puts in front of the driver.
+        pub mod exports {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                $(#[doc = $doc])*
+                #[allow(non_snake_case)]
+                #[cfg_attr(not(test), unsafe(no_mangle))]
+                pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                    unsafe { $imp($($arg),*) }
+                }
+            )*
+        }
+
+        /// Typed access to the real driver functions (`None` when the driver lacks one).
+        pub mod real {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[allow(non_snake_case)]
+                #[inline]
+                pub fn $name() -> Option<unsafe extern "C" fn($($ty),*) -> $ret> {
+                    let p = SLOTS[Hook::$name as usize].get();
+                    if p.is_null() {
+                        None
+                    } else {
+                        Some(unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> $ret>(p) })
+                    }
+                }
+            )*
+        }
+
+        /// The address we hand out in place of the driver's.
+        pub fn wrapper(h: Hook) -> *mut c_void {
+            match h {
+                $(Hook::$name => exports::$name as *const () as *mut c_void),*
+            }
+        }
+    };
+}
+
+/// Driver functions we call but do not wrap.
+macro_rules! import_table {
+    ($( $lib:ident fn $name:ident ( $($ty:ty),* ) -> $ret:ty; )*) => {
+        pub mod import {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[allow(non_snake_case)]
+                #[inline]
+                pub fn $name() -> Option<unsafe extern "C" fn($($ty),*) -> $ret> {
+                    static SLOT: Slot = Slot::new(concat!(stringify!($name), "\0"), Lib::$lib);
+                    let p = SLOT.get();
+                    if p.is_null() {
+                        None
+                    } else {
+                        Some(unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> $ret>(p) })
+                    }
+                }
+            )*
+        }
+    };
+}
+
+hook_table! {
+    Cuda "cuInit" 2000 false fn cuInit(flags: c_uint) -> CUresult => init::cu_init;
+    Cuda "cuGetProcAddress" 11030 false
+        fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: cuuint64_t)
+            -> CUresult => procaddr::get_proc_address_v1;
+    Cuda "cuGetProcAddress" 12000 false
+        fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: cuuint64_t,
+            status: *mut CUdriverProcAddressQueryResult) -> CUresult => procaddr::get_proc_address_v2;
+    /// Legacy 32-bit ABI (CUDA < 3.2 callers).
+    Cuda "cuMemAlloc" 2000 false fn cuMemAlloc(dptr: *mut CUdeviceptr_v1, bytesize: c_uint) -> CUresult => mem::alloc_v1;
+    Cuda "cuMemAlloc" 3020 false fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult => mem::alloc_v2;
+    Cuda "cuMemFree" 2000 false fn cuMemFree(dptr: CUdeviceptr_v1) -> CUresult => mem::free_v1;
+    Cuda "cuMemFree" 3020 false fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult => mem::free_v2;
+    Cuda "cuMemGetInfo" 2000 false fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult => mem::get_info_v1;
+    Cuda "cuMemGetInfo" 3020 false fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult => mem::get_info_v2;
+    Cuda "cuDeviceTotalMem" 2000 false fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult => mem::total_mem_v1;
+    Cuda "cuDeviceTotalMem" 3020 false fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult => mem::total_mem_v2;
+}
+
+import_table! {
+    Cuda fn cuCtxGetDevice(*mut CUdevice) -> CUresult;
+    Cuda fn cuDeviceGetCount(*mut c_int) -> CUresult;
+    Cuda fn cuDeviceGet(*mut CUdevice, c_int) -> CUresult;
+    Cuda fn cuDeviceGetUuid(*mut [u8; 16], CUdevice) -> CUresult;
+}
+
+/// The hook with this exported name.
+pub fn find(name: &[u8]) -> Option<Hook> {
+    HOOKS.iter().find(|h| h.name.as_bytes() == name).map(|h| h.hook)
+}
+
+/// The real driver function behind a hook (NULL when the driver lacks it).
+pub fn real(h: Hook) -> *mut c_void {
+    SLOTS[h as usize].get()
+}
+
+pub fn info(h: Hook) -> &'static HookInfo {
+    &HOOKS[h as usize]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_consistent() {
+        for (i, h) in HOOKS.iter().enumerate() {
+            assert_eq!(h.hook as usize, i);
+            assert_eq!(find(h.name.as_bytes()), Some(h.hook));
+            assert!(h.name.starts_with(h.base), "{} is a variant of {}", h.name, h.base);
+            assert!(!wrapper(h.hook).is_null());
+            // Two variants of one base name must differ in version or stream flavour, or
+            // cuGetProcAddress could not tell them apart.
+            for other in &HOOKS[..i] {
+                assert!(
+                    !(other.base == h.base && other.since == h.since && other.per_thread == h.per_thread),
+                    "{} and {} are indistinguishable",
+                    other.name,
+                    h.name
+                );
+            }
+        }
+        assert_eq!(find(b"cuMemAlloc_v3"), None);
+    }
+}

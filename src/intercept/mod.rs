@@ -1,0 +1,51 @@
+//! The wrappers behind the hook table. Every wrapper follows one shape: decide (reserve against
+//! the ledger), call the real driver exactly once outside any `catch_unwind`, then record. A panic
+//! in bookkeeping is contained by [`guarded`] and can never repeat or skip the driver call.
+
+pub mod init;
+pub mod mem;
+pub mod procaddr;
+
+use crate::config;
+use crate::ffi::*;
+use crate::hooks::import;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+/// Returned when the driver lacks the function a wrapper stands for (we never guess an ABI).
+pub const MISSING_REAL: CUresult = 302; // CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `VRAMCAP_DISABLE=1`: forward everything untouched.
+    PassThrough,
+    /// Normal operation: count and cap.
+    Enforce,
+    /// The configuration is invalid: hand out no device memory at all.
+    FailClosed,
+}
+
+#[inline]
+pub fn mode() -> Mode {
+    let c = config::get();
+    if c.error.is_some() {
+        Mode::FailClosed
+    } else if c.disabled {
+        Mode::PassThrough
+    } else {
+        Mode::Enforce
+    }
+}
+
+/// Runs bookkeeping with panics contained; `fallback` is what a panic yields.
+#[inline]
+pub fn guarded<R>(fallback: R, f: impl FnOnce() -> R) -> R {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
+}
+
+/// The device of the calling thread's current context, as the driver sees it.
+pub fn current_device() -> Option<usize> {
+    let f = import::cuCtxGetDevice()?;
+    let mut dev: CUdevice = -1;
+    let rc = unsafe { f(&mut dev) };
+    (rc == CUDA_SUCCESS && dev >= 0).then_some(dev as usize)
+}

@@ -1,0 +1,255 @@
+//! Who holds how much: a budget per device (atomic counters, reserve-before-allocate) and a table
+//! of live allocations so that a free releases exactly what its allocation was charged.
+//!
+//! Reservation is one compare-and-swap: two racing threads can never together pass the limit,
+//! and there is no window between "check" and "charge".
+
+use crate::sync::Lock;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+pub const MAX_DEVICES: usize = 64;
+const NO_LIMIT: u64 = u64::MAX;
+
+struct Budget {
+    used: AtomicU64,
+    limit: AtomicU64,
+    peak: AtomicU64,
+}
+
+static BUDGETS: [Budget; MAX_DEVICES] = [const {
+    Budget { used: AtomicU64::new(0), limit: AtomicU64::new(NO_LIMIT), peak: AtomicU64::new(0) }
+}; MAX_DEVICES];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Denied {
+    pub used: u64,
+    pub limit: u64,
+}
+
+/// `bytes == 0` means no limit.
+pub fn set_limit(dev: usize, bytes: u64) {
+    if let Some(b) = BUDGETS.get(dev) {
+        b.limit.store(if bytes == 0 { NO_LIMIT } else { bytes }, Ordering::Release);
+    }
+}
+
+pub fn limit(dev: usize) -> Option<u64> {
+    BUDGETS.get(dev).map(|b| b.limit.load(Ordering::Acquire)).filter(|&l| l != NO_LIMIT)
+}
+
+pub fn used(dev: usize) -> u64 {
+    BUDGETS.get(dev).map_or(0, |b| b.used.load(Ordering::Acquire))
+}
+
+pub fn peak(dev: usize) -> u64 {
+    BUDGETS.get(dev).map_or(0, |b| b.peak.load(Ordering::Acquire))
+}
+
+/// Charges `size` bytes to `dev` if that keeps it within its limit.
+#[inline]
+pub fn reserve(dev: usize, size: u64) -> Result<(), Denied> {
+    let Some(b) = BUDGETS.get(dev) else { return Ok(()) };
+    let limit = b.limit.load(Ordering::Acquire);
+    let mut cur = b.used.load(Ordering::Relaxed);
+    loop {
+        let next = match cur.checked_add(size) {
+            Some(n) if n <= limit => n,
+            _ => return Err(Denied { used: cur, limit }),
+        };
+        match b.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => return Ok(()),
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+/// Gives back a charge (a free, or a reservation whose driver call failed).
+#[inline]
+pub fn release(dev: usize, size: u64) {
+    if let Some(b) = BUDGETS.get(dev) {
+        // Never wrap below zero, even if a caller double-releases through a bug of ours.
+        let mut cur = b.used.load(Ordering::Relaxed);
+        loop {
+            let next = cur.saturating_sub(size);
+            match b.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
+
+/// Records the high-water mark once an allocation has really happened.
+#[inline]
+pub fn note_peak(dev: usize) {
+    if let Some(b) = BUDGETS.get(dev) {
+        b.peak.fetch_max(b.used.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+}
+
+/// What a live allocation was charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge {
+    pub dev: u16,
+    pub size: u64,
+}
+
+/// Separate key spaces, so that a VMM handle can never be confused with a device pointer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Kind {
+    /// `cuMemAlloc*` pointers (64-bit and legacy 32-bit share the address space).
+    DevicePtr = 0,
+}
+const KINDS: usize = 1;
+const SHARDS: usize = 64;
+
+#[derive(Default, Clone, Copy)]
+struct PtrHasher(u64);
+impl Hasher for PtrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+type Map = HashMap<u64, Charge, BuildHasherDefault<PtrHasher>>;
+
+static TABLES: [[Lock<Option<Map>>; SHARDS]; KINDS] = [const { [const { Lock::new(None) }; SHARDS] }; KINDS];
+
+#[inline]
+fn shard(kind: Kind, key: u64) -> &'static Lock<Option<Map>> {
+    // Device pointers are at least 256-byte aligned: mix the high bits in.
+    let h = (key >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58;
+    &TABLES[kind as usize][h as usize % SHARDS]
+}
+
+/// Remembers a live allocation; returns what an earlier entry under the same key was charged
+/// (an allocation we never saw freed, e.g. through an entry point we do not wrap).
+pub fn insert(kind: Kind, key: u64, charge: Charge) -> Option<Charge> {
+    install_fork_handlers();
+    let mut g = shard(kind, key).lock();
+    g.get_or_insert_with(|| Map::with_capacity_and_hasher(256, Default::default())).insert(key, charge)
+}
+
+/// Takes a live allocation out of the table (before its free reaches the driver, so that the
+/// address cannot be reused and re-inserted by another thread while we still hold its entry).
+pub fn take(kind: Kind, key: u64) -> Option<Charge> {
+    shard(kind, key).lock().as_mut()?.remove(&key)
+}
+
+/// Number of live entries (tests and reports).
+pub fn live(kind: Kind) -> usize {
+    TABLES[kind as usize].iter().map(|s| s.lock().as_ref().map_or(0, |m| m.len())).sum()
+}
+
+static FORK_HANDLERS: AtomicBool = AtomicBool::new(false);
+
+fn install_fork_handlers() {
+    if FORK_HANDLERS.load(Ordering::Relaxed) || FORK_HANDLERS.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_parent), Some(after_fork_child)) };
+}
+
+extern "C" fn before_fork() {
+    for kind in &TABLES {
+        for s in kind {
+            s.acquire_for_fork();
+        }
+    }
+}
+
+extern "C" fn after_fork_parent() {
+    for kind in &TABLES {
+        for s in kind {
+            s.release_after_fork();
+        }
+    }
+}
+
+extern "C" fn after_fork_child() {
+    // The child inherits the parent's device memory view only in name: CUDA contexts do not
+    // survive fork. We keep the charges so a child that (wrongly) frees inherited pointers
+    // releases exactly them, and its cap stays the parent's.
+    for kind in &TABLES {
+        for s in kind {
+            s.reset_in_child();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Each test uses its own device index: the budgets are process-global.
+    #[test]
+    fn reserve_respects_the_limit_exactly() {
+        let d = 40;
+        set_limit(d, 100);
+        assert!(reserve(d, 60).is_ok());
+        assert_eq!(reserve(d, 41), Err(Denied { used: 60, limit: 100 }));
+        assert!(reserve(d, 40).is_ok());
+        assert_eq!(used(d), 100);
+        release(d, 100);
+        assert_eq!(used(d), 0);
+        release(d, 5);
+        assert_eq!(used(d), 0, "never below zero");
+        set_limit(d, 0);
+        assert_eq!(limit(d), None);
+        assert!(reserve(d, u64::MAX / 2).is_ok());
+        assert!(reserve(d, u64::MAX).is_err(), "overflow is a denial, not a wrap");
+    }
+
+    #[test]
+    fn racing_reservations_never_exceed_the_limit() {
+        let d = 41;
+        set_limit(d, 1000);
+        let granted: u64 = (0..8)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    let mut got = 0;
+                    for _ in 0..10_000 {
+                        if reserve(d, 7).is_ok() {
+                            got += 7;
+                        }
+                    }
+                    got
+                })
+            })
+            .map(|t| t.join().unwrap())
+            .sum();
+        assert!(granted <= 1000 && granted > 1000 - 7);
+        assert_eq!(used(d), granted);
+    }
+
+    #[test]
+    fn table_round_trip() {
+        let c = Charge { dev: 3, size: 4096 };
+        assert_eq!(insert(Kind::DevicePtr, 0xdead_0000, c), None);
+        assert_eq!(insert(Kind::DevicePtr, 0xdead_0000, c), Some(c));
+        assert_eq!(take(Kind::DevicePtr, 0xdead_0000), Some(c));
+        assert_eq!(take(Kind::DevicePtr, 0xdead_0000), None);
+        assert_eq!(take(Kind::DevicePtr, 0xbeef), None);
+    }
+
+    #[test]
+    fn peak_tracks_the_high_water_mark() {
+        let d = 42;
+        reserve(d, 10).unwrap();
+        note_peak(d);
+        release(d, 10);
+        reserve(d, 5).unwrap();
+        note_peak(d);
+        assert_eq!(peak(d), 10);
+    }
+}

@@ -1,0 +1,73 @@
+//! stderr messages. Never on the allocation fast path: only configuration problems, start-up
+//! information and (rate-limited) denials print. Writes go straight to fd 2 with one `write`
+//! per line so lines from several threads or processes do not interleave.
+
+use crate::config::{self, Level};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub fn write_line(line: &str) {
+    let mut buf = Vec::with_capacity(line.len() + 1);
+    buf.extend_from_slice(line.as_bytes());
+    buf.push(b'\n');
+    let mut off = 0;
+    while off < buf.len() {
+        let n = unsafe { libc::write(2, buf[off..].as_ptr().cast(), buf.len() - off) };
+        if n <= 0 {
+            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        off += n as usize;
+    }
+}
+
+pub fn enabled(level: Level) -> bool {
+    level <= config::get().log_level
+}
+
+macro_rules! log_at {
+    ($level:expr, $($arg:tt)*) => {
+        if $crate::log::enabled($level) {
+            $crate::log::write_line(&format!("vramcap: {}", format_args!($($arg)*)));
+        }
+    };
+}
+pub(crate) use log_at;
+
+/// At most one denial line per this many nanoseconds; the rest are counted and summarised.
+const DENIAL_INTERVAL_NS: u64 = 1_000_000_000;
+static LAST_DENIAL_NS: AtomicU64 = AtomicU64::new(0);
+static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// One line per denial, rate-limited so a job retrying in a loop cannot flood its log.
+pub fn denied(api: &str, dev: usize, size: u64, used: u64, limit: u64) {
+    if !enabled(Level::Warn) {
+        return;
+    }
+    let now = monotonic_ns();
+    let last = LAST_DENIAL_NS.load(Ordering::Relaxed);
+    if last != 0 && now.saturating_sub(last) < DENIAL_INTERVAL_NS {
+        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    if LAST_DENIAL_NS.compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed).is_err() {
+        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
+    let h = config::size::human;
+    let more = if suppressed > 0 { format!(" ({suppressed} more denials not shown)") } else { String::new() };
+    write_line(&format!(
+        "vramcap: denied {api} of {size} bytes ({}) on device {dev}: used {used} ({}) of limit {limit} ({}){more}",
+        h(size),
+        h(used),
+        h(limit)
+    ));
+}
