@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod dl;
+pub mod events;
 pub mod ffi;
 pub mod hooks;
 pub mod intercept;

@@ -1,0 +1,354 @@
+/*
+ * client.c - op interpreter shared by the C test clients.
+ *
+ * Usage: client_X OP [ARGS] [OP [ARGS]...]; one result line per op on stdout,
+ * flushed after each line so a test can watch a running client.
+ *   init                 -> init rc=N
+ *   ctx DEV              -> ctx rc=N          (retain primary ctx, make current)
+ *   alloc SIZE           -> alloc rc=N slot=K ptr=0xP        (cuMemAlloc_v2)
+ *   alloc1 SIZE          -> alloc1 rc=N slot=K ptr=0xP canary=ok|BROKEN (v1 ABI)
+ *   free SLOT            -> free rc=N                         (cuMemFree_v2)
+ *   free1 SLOT           -> free1 rc=N                        (cuMemFree, v1)
+ *   freeptr HEX          -> freeptr rc=N                      (cuMemFree_v2)
+ *   info                 -> info rc=N free=F total=T          (cuMemGetInfo_v2)
+ *   info1                -> info1 rc=N free=F total=T         (cuMemGetInfo, v1)
+ *   infonull             -> info rc=N           (cuMemGetInfo_v2(NULL, NULL))
+ *   version              -> version rc=N v=V                  (cuDriverGetVersion)
+ *   total DEV            -> total rc=N bytes=B                (cuDeviceTotalMem_v2)
+ *   stats DEV            -> stats alloc_calls=.. free_calls=.. bytes_held=..
+ *                           live_allocs=.. peak=.. total=..   (fake's own view)
+ *   threads T N MAX SEED -> threads ok=A oom=O other=E
+ *   bench N SIZE         -> bench ns_per_pair=X errors=E
+ *   sleep MS             -> sleep ok
+ * SIZE: integer with optional k/m/g/t suffix (binary; "i", "b", "ib" allowed).
+ * Slots number every alloc/alloc1 from 0, failed ones included (ptr 0).
+ * Bad usage: message on stderr, exit status 2.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client.h"
+#include "fakecuda.h"
+
+static const struct cu_api *A;
+
+static unsigned long long *g_slots;
+static size_t g_nslots, g_capslots;
+
+static void die(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "client: ");
+    fprintf(stderr, fmt, arg);
+    fputc('\n', stderr);
+    exit(2);
+}
+
+void client_need(const void *fn, const char *what)
+{
+    if (!fn) {
+        fprintf(stderr, "client: cannot resolve %s\n", what);
+        exit(3);
+    }
+}
+
+__attribute__((format(printf, 1, 2)))
+static void out(const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+    fflush(stdout);
+}
+
+static unsigned long long parse_size(const char *s)
+{
+    unsigned long long v;
+    char *end;
+    int shift = 0;
+
+    errno = 0;
+    if (!s || *s < '0' || *s > '9')
+        die("bad size '%s'", s ? s : "(missing)");
+    v = strtoull(s, &end, 10);
+    switch (*end | 0x20) {
+    case 'k': shift = 10; break;
+    case 'm': shift = 20; break;
+    case 'g': shift = 30; break;
+    case 't': shift = 40; break;
+    default: break;
+    }
+    if (shift) {
+        end++;
+        if ((*end | 0x20) == 'i')
+            end++;
+        if ((*end | 0x20) == 'b')
+            end++;
+    }
+    if (errno || *end || (shift && v > (~0ULL >> shift)))
+        die("bad size '%s'", s);
+    return v << shift;
+}
+
+static long parse_long(const char *s)
+{
+    char *end;
+    long v;
+
+    if (!s)
+        die("missing argument%s", "");
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || *end || end == s)
+        die("bad integer '%s'", s);
+    return v;
+}
+
+static size_t new_slot(unsigned long long p)
+{
+    if (g_nslots == g_capslots) {
+        g_capslots = g_capslots ? 2 * g_capslots : 64;
+        g_slots = realloc(g_slots, g_capslots * sizeof *g_slots);
+        if (!g_slots)
+            die("out of memory%s", "");
+    }
+    g_slots[g_nslots] = p;
+    return g_nslots++;
+}
+
+static unsigned long long slot_ptr(const char *s)
+{
+    long k = parse_long(s);
+
+    if (k < 0 || (size_t)k >= g_nslots)
+        die("no such slot '%s'", s);
+    return g_slots[k];
+}
+
+/* ------------------------------------------------------------- threads */
+
+struct thr {
+    CUcontext ctx;
+    unsigned long long n, maxsize, seed;
+    unsigned long long ok, oom, other;
+};
+
+static unsigned long long rng(unsigned long long *s)
+{
+    /* xorshift64* */
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 0x2545f4914f6cdd1dULL;
+}
+
+static void *thr_main(void *arg)
+{
+    struct thr *t = arg;
+    CUdeviceptr live[64];
+    int nlive = 0;
+    unsigned long long s = t->seed;
+
+    /* The current context is per thread: adopt the spawning thread's. */
+    if (t->ctx)
+        A->cuCtxSetCurrent(t->ctx);
+    for (unsigned long long i = 0; i < t->n; i++) {
+        unsigned long long r = rng(&s);
+
+        if (nlive == 64 || (nlive > 0 && (r & 1))) {
+            int k = (int)((r >> 1) % (unsigned long long)nlive);
+            if (A->cuMemFree_v2(live[k]) != CUDA_SUCCESS)
+                t->other++;
+            live[k] = live[--nlive];
+        } else {
+            CUdeviceptr p = 0;
+            size_t sz = (size_t)(1 + (r >> 8) % t->maxsize);
+            CUresult rc = A->cuMemAlloc_v2(&p, sz);
+
+            if (rc == CUDA_SUCCESS) {
+                t->ok++;
+                live[nlive++] = p;
+            } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+                t->oom++;
+            } else {
+                t->other++;
+            }
+        }
+    }
+    while (nlive > 0)
+        if (A->cuMemFree_v2(live[--nlive]) != CUDA_SUCCESS)
+            t->other++;
+    return NULL;
+}
+
+static void op_threads(long nt, unsigned long long n, unsigned long long maxsize,
+                       unsigned long long seed)
+{
+    pthread_t *tid;
+    struct thr *t;
+    CUcontext ctx = NULL;
+    unsigned long long ok = 0, oom = 0, other = 0;
+
+    if (nt <= 0 || nt > 1024 || maxsize == 0)
+        die("bad threads arguments%s", "");
+    A->cuCtxGetCurrent(&ctx);
+    tid = calloc((size_t)nt, sizeof *tid);
+    t = calloc((size_t)nt, sizeof *t);
+    if (!tid || !t)
+        die("out of memory%s", "");
+    for (long i = 0; i < nt; i++) {
+        t[i].ctx = ctx;
+        t[i].n = n;
+        t[i].maxsize = maxsize;
+        t[i].seed = (seed + 1) * 0x9e3779b97f4a7c15ULL + (unsigned long long)i * 0xbf58476d1ce4e5b9ULL + 1;
+        if (pthread_create(&tid[i], NULL, thr_main, &t[i]))
+            die("pthread_create failed%s", "");
+    }
+    for (long i = 0; i < nt; i++) {
+        pthread_join(tid[i], NULL);
+        ok += t[i].ok;
+        oom += t[i].oom;
+        other += t[i].other;
+    }
+    free(tid);
+    free(t);
+    out("threads ok=%llu oom=%llu other=%llu", ok, oom, other);
+}
+
+static void op_bench(unsigned long long n, unsigned long long size)
+{
+    struct timespec a, b;
+    unsigned long long errors = 0;
+    double ns;
+
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (unsigned long long i = 0; i < n; i++) {
+        CUdeviceptr p = 0;
+
+        if (A->cuMemAlloc_v2(&p, (size_t)size) != CUDA_SUCCESS) {
+            errors++;
+            continue;
+        }
+        if (A->cuMemFree_v2(p) != CUDA_SUCCESS)
+            errors++;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    ns = (double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec);
+    out("bench ns_per_pair=%.1f errors=%llu", n ? ns / (double)n : 0.0, errors);
+}
+
+/* The fake's own counters, read below any interposer. */
+static void op_stats(long dev)
+{
+    int (*stats)(int, fakecuda_stats_t *);
+    fakecuda_stats_t s;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+
+    stats = h ? (int (*)(int, fakecuda_stats_t *))dlsym(h, "fakecuda_stats") : NULL;
+    if (!stats || stats((int)dev, &s) != 0) {
+        out("stats rc=-1");
+        return;
+    }
+    out("stats alloc_calls=%llu free_calls=%llu bytes_held=%llu live_allocs=%llu peak=%llu total=%llu",
+        s.alloc_calls, s.free_calls, s.bytes_held, s.live_allocs, s.peak_bytes, s.total_bytes);
+}
+
+int client_run(const struct cu_api *api, int argc, char **argv)
+{
+    A = api;
+    for (int i = 1; i < argc; i++) {
+        const char *op = argv[i];
+#define ARG() (i + 1 < argc ? argv[++i] : (die("missing argument to %s", op), (char *)NULL))
+
+        if (!strcmp(op, "init")) {
+            out("init rc=%d", A->cuInit(0));
+        } else if (!strcmp(op, "ctx")) {
+            CUcontext c = NULL;
+            CUresult rc = A->cuDevicePrimaryCtxRetain(&c, (CUdevice)parse_long(ARG()));
+            if (rc == CUDA_SUCCESS)
+                rc = A->cuCtxSetCurrent(c);
+            out("ctx rc=%d", rc);
+        } else if (!strcmp(op, "alloc")) {
+            CUdeviceptr p = 0;
+            CUresult rc = A->cuMemAlloc_v2(&p, (size_t)parse_size(ARG()));
+            if (rc != CUDA_SUCCESS)
+                p = 0;
+            size_t k = new_slot(p);
+            out("alloc rc=%d slot=%zu ptr=0x%llx", rc, k, p);
+        } else if (!strcmp(op, "alloc1")) {
+            /* The driver must write exactly 32 bits: a canary follows. */
+            struct { CUdeviceptr_v1 p; volatile int canary; } s = { 0, 0x5a5aa5a5 };
+            unsigned long long sz = parse_size(ARG());
+            CUresult rc;
+            if (sz > 0xffffffffULL)
+                die("alloc1 size over 32 bits%s", "");
+            rc = A->cuMemAlloc(&s.p, (unsigned int)sz);
+            unsigned long long p = rc == CUDA_SUCCESS ? s.p : 0;
+            size_t k = new_slot(p);
+            out("alloc1 rc=%d slot=%zu ptr=0x%llx canary=%s", rc, k, p,
+                s.canary == 0x5a5aa5a5 ? "ok" : "BROKEN");
+        } else if (!strcmp(op, "free")) {
+            out("free rc=%d", A->cuMemFree_v2((CUdeviceptr)slot_ptr(ARG())));
+        } else if (!strcmp(op, "free1")) {
+            out("free1 rc=%d", A->cuMemFree((CUdeviceptr_v1)slot_ptr(ARG())));
+        } else if (!strcmp(op, "freeptr")) {
+            const char *s = ARG();
+            char *end;
+            unsigned long long p;
+            errno = 0;
+            p = strtoull(s, &end, 16);
+            if (errno || *end || end == s)
+                die("bad hex pointer '%s'", s);
+            out("freeptr rc=%d", A->cuMemFree_v2((CUdeviceptr)p));
+        } else if (!strcmp(op, "info")) {
+            size_t f = 0, t = 0;
+            CUresult rc = A->cuMemGetInfo_v2(&f, &t);
+            out("info rc=%d free=%zu total=%zu", rc, f, t);
+        } else if (!strcmp(op, "info1")) {
+            unsigned int f = 0, t = 0;
+            CUresult rc = A->cuMemGetInfo(&f, &t);
+            out("info1 rc=%d free=%u total=%u", rc, f, t);
+        } else if (!strcmp(op, "infonull")) {
+            out("info rc=%d", A->cuMemGetInfo_v2(NULL, NULL));
+        } else if (!strcmp(op, "total")) {
+            size_t b = 0;
+            CUresult rc = A->cuDeviceTotalMem_v2(&b, (CUdevice)parse_long(ARG()));
+            out("total rc=%d bytes=%zu", rc, b);
+        } else if (!strcmp(op, "version")) {
+            int v = 0;
+            CUresult rc = A->cuDriverGetVersion(&v);
+            out("version rc=%d v=%d", rc, v);
+        } else if (!strcmp(op, "stats")) {
+            op_stats(parse_long(ARG()));
+        } else if (!strcmp(op, "threads")) {
+            long nt = parse_long(ARG());
+            unsigned long long n = parse_size(ARG());
+            unsigned long long mx = parse_size(ARG());
+            unsigned long long seed = parse_size(ARG());
+            op_threads(nt, n, mx, seed);
+        } else if (!strcmp(op, "bench")) {
+            unsigned long long n = parse_size(ARG());
+            op_bench(n, parse_size(ARG()));
+        } else if (!strcmp(op, "sleep")) {
+            long ms = parse_long(ARG());
+            struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+            nanosleep(&ts, NULL);
+            out("sleep ok");
+        } else {
+            die("unknown op '%s'", op);
+        }
+#undef ARG
+    }
+    return 0;
+}

@@ -1,0 +1,216 @@
+//! Shared harness for the integration tests: builds the fake driver and the C clients once, and
+//! runs a client under the preload with a clean, explicit environment.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub const GIB: u64 = 1 << 30;
+pub const MIB: u64 = 1 << 20;
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `target/<profile>`: the directory holding this test's `deps/` folder.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// The freshest libvramcap.so: `cargo test` rebuilds `deps/libvramcap.so` (the library target
+/// is built before integration tests) but only `cargo build` copies it up a level.
+pub fn preload_lib() -> PathBuf {
+    let candidates = [profile_dir().join("deps/libvramcap.so"), profile_dir().join("libvramcap.so")];
+    let newest = candidates
+        .iter()
+        .filter_map(|p| Some((std::fs::metadata(p).ok()?.modified().ok()?, p.clone())))
+        .max_by_key(|(t, _)| *t);
+    match newest {
+        Some((_, p)) => p,
+        None => panic!("libvramcap.so missing under {}: run scripts/test", profile_dir().display()),
+    }
+}
+
+pub fn shim_dir() -> PathBuf {
+    root().join("target/cuda-shim")
+}
+
+pub fn ctests_dir() -> PathBuf {
+    root().join("target/ctests")
+}
+
+/// Builds cuda-shim/ and tests/c/ once per test binary (make is idempotent across binaries).
+pub fn build_c() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        for dir in ["cuda-shim"] {
+            if !root().join(dir).join("Makefile").exists() {
+                continue;
+            }
+            let st = Command::new("make").arg("-s").arg("-C").arg(root().join(dir)).status().expect("make");
+            assert!(st.success(), "make -C {dir} failed");
+        }
+    });
+}
+
+pub fn lookups(name: &str) -> PathBuf {
+    let p = root().join("../shared/data/lookups").join(name);
+    assert!(p.exists(), "{} missing", p.display());
+    p
+}
+
+/// One client run.
+pub struct Run {
+    cmd: Command,
+    before: Vec<PathBuf>,
+    after: Vec<PathBuf>,
+    use_vramcap: bool,
+    timeout: Duration,
+}
+
+pub struct Output {
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub lines: Vec<Line>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Line {
+    pub op: String,
+    pub fields: HashMap<String, String>,
+}
+
+impl Line {
+    pub fn get(&self, k: &str) -> &str {
+        self.fields.get(k).map(|s| s.as_str()).unwrap_or_else(|| panic!("no field {k} in {self:?}"))
+    }
+    pub fn num(&self, k: &str) -> u64 {
+        let v = self.get(k);
+        if let Some(h) = v.strip_prefix("0x") {
+            u64::from_str_radix(h, 16).unwrap()
+        } else {
+            v.parse().unwrap_or_else(|_| panic!("{k}={v} is not a number"))
+        }
+    }
+    pub fn rc(&self) -> i64 {
+        self.get("rc").parse().unwrap()
+    }
+}
+
+impl Run {
+    pub fn client(name: &str) -> Run {
+        build_c();
+        let path = ctests_dir().join(name);
+        assert!(path.exists(), "{} missing", path.display());
+        Run::program(&path)
+    }
+
+    pub fn program(path: &Path) -> Run {
+        let mut cmd = Command::new(path);
+        // Nothing from the developer's shell leaks in: every test states its configuration.
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy().to_string();
+            if k.starts_with("VRAMCAP_") || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT") || k.starts_with("FAKECUDA_") || k == "LD_PRELOAD" {
+                cmd.env_remove(&k);
+            }
+        }
+        cmd.env("LD_LIBRARY_PATH", shim_dir());
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        Run { cmd, before: Vec::new(), after: Vec::new(), use_vramcap: true, timeout: Duration::from_secs(120) }
+    }
+
+    pub fn env(mut self, k: &str, v: impl AsRef<std::ffi::OsStr>) -> Run {
+        self.cmd.env(k, v);
+        self
+    }
+
+    pub fn args<I: IntoIterator<Item = S>, S: AsRef<str>>(mut self, args: I) -> Run {
+        for a in args {
+            for w in a.as_ref().split_whitespace() {
+                self.cmd.arg(w);
+            }
+        }
+        self
+    }
+
+    /// Run without libvramcap.so (the bare driver).
+    pub fn bare(mut self) -> Run {
+        self.use_vramcap = false;
+        self
+    }
+
+    /// Another preloaded library, before or after vramcap in `LD_PRELOAD`.
+    pub fn also_preload(mut self, lib: PathBuf, before_vramcap: bool) -> Run {
+        if before_vramcap { self.before.push(lib) } else { self.after.push(lib) }
+        self
+    }
+
+    pub fn timeout(mut self, d: Duration) -> Run {
+        self.timeout = d;
+        self
+    }
+
+    pub fn run(mut self) -> Output {
+        let mut libs: Vec<PathBuf> = self.before.clone();
+        if self.use_vramcap {
+            libs.push(preload_lib());
+        }
+        libs.extend(self.after.iter().cloned());
+        if !libs.is_empty() {
+            let s: Vec<String> = libs.iter().map(|p| p.display().to_string()).collect();
+            self.cmd.env("LD_PRELOAD", s.join(":"));
+        }
+        let child = self.cmd.spawn().expect("spawn client");
+        let out = wait_with_timeout(child, self.timeout);
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        let lines = stdout.lines().map(parse_line).collect();
+        Output { status: out.status, stdout, stderr, lines }
+    }
+}
+
+fn wait_with_timeout(child: std::process::Child, timeout: Duration) -> std::process::Output {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        if rx.recv_timeout(timeout).is_err() {
+            unsafe { libc_kill(pid as i32, 9) };
+        }
+    });
+    let out = child.wait_with_output().expect("wait");
+    let _ = tx.send(());
+    out
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+pub fn parse_line(l: &str) -> Line {
+    let mut words = l.split_whitespace();
+    let op = words.next().unwrap_or("").to_string();
+    let fields = words.filter_map(|w| w.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    Line { op, fields }
+}
+
+impl Output {
+    pub fn ok(&self) -> &Self {
+        assert!(self.status.success(), "client failed: {:?}\nstdout:\n{}\nstderr:\n{}", self.status, self.stdout, self.stderr);
+        self
+    }
+    /// All result lines of one op, in order.
+    pub fn of(&self, op: &str) -> Vec<&Line> {
+        self.lines.iter().filter(|l| l.op == op).collect()
+    }
+    pub fn nth(&self, op: &str, n: usize) -> &Line {
+        let v = self.of(op);
+        assert!(n < v.len(), "only {} `{op}` lines in:\n{}\nstderr:\n{}", v.len(), self.stdout, self.stderr);
+        v[n]
+    }
+}
