@@ -404,3 +404,19 @@ FC_API unsigned long long fakecuda_calls(const char *exported_name)
             return atomic_load(&fc_counters[i]);
     return 0;
 }
+
+/*
+ * FAKECUDA_CTOR_LOOKUP=1: while being loaded, look driver names up through dlsym, as some
+ * driver builds and profilers do from their constructors. An interposer that initialises itself
+ * inside its own dlopen of the driver must not re-enter itself or deadlock here.
+ */
+#include <dlfcn.h>
+__attribute__((constructor)) static void fakecuda_ctor_lookup(void)
+{
+    const char *v = getenv("FAKECUDA_CTOR_LOOKUP");
+    if (!v || strcmp(v, "1"))
+        return;
+    void *a = dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
+    void *b = dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2");
+    fprintf(stderr, "fakecuda: constructor lookups %s\n", a && b ? "ok" : "missing");
+}

@@ -13,6 +13,7 @@
  *   info                 -> info rc=N free=F total=T          (cuMemGetInfo_v2)
  *   info1                -> info1 rc=N free=F total=T         (cuMemGetInfo, v1)
  *   infonull             -> info rc=N           (cuMemGetInfo_v2(NULL, NULL))
+ *   race T               -> race ok=N fail=M   (T threads make their first driver calls at once)
  *   version              -> version rc=N v=V                  (cuDriverGetVersion)
  *   total DEV            -> total rc=N bytes=B                (cuDeviceTotalMem_v2)
  *   stats DEV            -> stats alloc_calls=.. free_calls=.. bytes_held=..
@@ -192,6 +193,47 @@ static void *thr_main(void *arg)
     return NULL;
 }
 
+/* race T: T threads released together make their first driver calls at the same instant
+ * (cuInit, primary context, alloc, free): the preload's lazy initialisation races itself. */
+static pthread_barrier_t race_barrier;
+static int race_ok, race_fail;
+static pthread_mutex_t race_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void *race_worker(void *arg)
+{
+    CUcontext c = NULL;
+    CUdeviceptr p = 0;
+    int ok;
+    (void)arg;
+    pthread_barrier_wait(&race_barrier);
+    ok = A->cuInit(0) == CUDA_SUCCESS
+        && A->cuDevicePrimaryCtxRetain(&c, 0) == CUDA_SUCCESS
+        && A->cuCtxSetCurrent(c) == CUDA_SUCCESS
+        && A->cuMemAlloc_v2(&p, 1 << 20) == CUDA_SUCCESS
+        && A->cuMemFree_v2(p) == CUDA_SUCCESS;
+    pthread_mutex_lock(&race_mu);
+    if (ok)
+        race_ok++;
+    else
+        race_fail++;
+    pthread_mutex_unlock(&race_mu);
+    return NULL;
+}
+
+static void op_race(long nt)
+{
+    pthread_t th[256];
+    if (nt < 1 || nt > 256)
+        die("race: 1..256 threads, not '%s'", "out of range");
+    pthread_barrier_init(&race_barrier, NULL, (unsigned)nt);
+    for (long i = 0; i < nt; i++)
+        pthread_create(&th[i], NULL, race_worker, NULL);
+    for (long i = 0; i < nt; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&race_barrier);
+    out("race ok=%d fail=%d", race_ok, race_fail);
+}
+
 static void op_threads(long nt, unsigned long long n, unsigned long long maxsize,
                        unsigned long long seed)
 {
@@ -325,6 +367,8 @@ int client_run(const struct cu_api *api, int argc, char **argv)
             size_t b = 0;
             CUresult rc = A->cuDeviceTotalMem_v2(&b, (CUdevice)parse_long(ARG()));
             out("total rc=%d bytes=%zu", rc, b);
+        } else if (!strcmp(op, "race")) {
+            op_race(parse_long(ARG()));
         } else if (!strcmp(op, "version")) {
             int v = 0;
             CUresult rc = A->cuDriverGetVersion(&v);

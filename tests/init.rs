@@ -1,0 +1,62 @@
+//! Lazy initialisation: racing first calls, the driver opened from another path, lookups made
+//! while the driver is being loaded, and a missing driver.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+#[test]
+fn sixty_four_threads_making_their_first_calls_at_once() {
+    // client_linked's first call into vramcap is inside the race: configuration, driver handle,
+    // real-function slots and limit resolution all initialise under contention.
+    for _ in 0..5 {
+        let out = Run::client("client_linked")
+            .env("VRAMCAP_LIMIT", "1g")
+            .args(["race 64 ctx 0 info stats 0"])
+            .timeout(Duration::from_secs(30))
+            .run();
+        out.ok();
+        let r = out.nth("race", 0);
+        assert_eq!((r.num("ok"), r.num("fail")), (64, 0), "{}", out.stderr);
+        let i = out.nth("info", 0);
+        assert_eq!((i.num("free"), i.num("total")), (GIB, GIB));
+        assert_eq!(out.nth("stats", 0).num("alloc_calls"), 64);
+    }
+}
+
+#[test]
+fn real_driver_from_another_path_with_lookups_in_its_constructor() {
+    build_c();
+    let dir = std::env::temp_dir().join(format!("vramcap-init-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("libcuda-copy.so");
+    std::fs::copy(shim_dir().join("libcuda.so.1"), &copy).unwrap();
+    // The app loads target/cuda-shim/libcuda.so.1 at start-up; vramcap opens the copy (another
+    // file, so the loader maps it afresh) and the copy's constructor calls dlsym on driver names
+    // while vramcap is inside that dlopen. `init` and `total` go through vramcap to the copy.
+    let out = Run::client("client_linked")
+        .env("VRAMCAP_REAL_LIBCUDA", &copy)
+        .env("FAKECUDA_CTOR_LOOKUP", "1")
+        .env("VRAMCAP_LIMIT", "1g")
+        .args(["init total 0"])
+        .timeout(Duration::from_secs(20))
+        .run();
+    out.ok();
+    assert_eq!(out.nth("init", 0).rc(), 0);
+    assert_eq!(out.nth("total", 0).num("bytes"), GIB);
+    assert_eq!(out.stderr.matches("fakecuda: constructor lookups ok").count(), 2, "{}", out.stderr);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_driver_that_cannot_be_opened_is_reported_and_nothing_is_handed_out() {
+    let out = Run::client("client_linked")
+        .env("VRAMCAP_REAL_LIBCUDA", "/nonexistent/libcuda.so.1")
+        .env("VRAMCAP_LIMIT", "1g")
+        .args(["init alloc 1m"])
+        .run();
+    out.ok();
+    assert_ne!(out.nth("init", 0).rc(), 0);
+    assert_ne!(out.nth("alloc", 0).rc(), 0);
+    assert!(out.stderr.contains("vramcap: cannot open /nonexistent/libcuda.so.1"), "{}", out.stderr);
+}
