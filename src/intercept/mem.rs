@@ -1,110 +1,33 @@
 //! `cuMemAlloc`/`cuMemFree` (both ABIs) and the virtualised memory views.
 
+use super::charge::{self, Target};
 use super::init::ensure_limits;
 use super::{MISSING_REAL, Mode, current_device, guarded, mode};
 use crate::ffi::*;
-use crate::hooks::real;
-use crate::ledger::{self, Charge, Kind};
+use crate::hooks::{Hook, real};
+use crate::ledger::{self, Kind};
 use std::ffi::c_uint;
-
-/// What to do with an allocation request, decided before the driver is called.
-enum Plan {
-    /// Charged to this device; commit or roll back after the call.
-    Charged(usize),
-    /// Refused: return this code without calling the driver.
-    Deny(CUresult),
-    /// Not ours to count (no current context: the driver will say so itself).
-    Forward,
-}
-
-fn plan(api: &'static str, size: u64) -> Plan {
-    if let Err(e) = ensure_limits() {
-        return Plan::Deny(e.code());
-    }
-    let Some(dev) = current_device() else { return Plan::Forward };
-    match ledger::reserve(dev, size) {
-        Ok(()) => Plan::Charged(dev),
-        Err(d) => {
-            crate::log::denied(api, dev, size, d.used, d.limit);
-            Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY)
-        }
-    }
-}
-
-/// Reserve, call the driver once, then commit or roll back. `read_ptr` runs only after success.
-fn charged_alloc(
-    api: &'static str,
-    size: u64,
-    call: impl FnOnce() -> CUresult,
-    read_ptr: impl FnOnce() -> u64,
-) -> CUresult {
-    match mode() {
-        Mode::PassThrough => return call(),
-        Mode::FailClosed => return CUDA_ERROR_NOT_PERMITTED,
-        Mode::Enforce => {}
-    }
-    // A bookkeeping panic denies rather than hands out memory we did not count.
-    match guarded(Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY), || plan(api, size)) {
-        Plan::Deny(rc) => rc,
-        Plan::Forward => call(),
-        Plan::Charged(dev) => {
-            let rc = call();
-            guarded((), || {
-                if rc == CUDA_SUCCESS {
-                    ledger::note_peak(dev);
-                    let charge = Charge { dev: dev as u16, size };
-                    // An entry already under this address is an allocation whose free we never
-                    // saw: the driver has reused the address, so that charge is gone.
-                    if let Some(stale) = ledger::insert(Kind::DevicePtr, read_ptr(), charge) {
-                        ledger::release(stale.dev as usize, stale.size);
-                    }
-                } else {
-                    ledger::release(dev, size);
-                }
-            });
-            rc
-        }
-    }
-}
-
-/// Take the entry out before the driver frees (so a racing allocation that gets the same address
-/// cannot have its entry removed by us), release after success, put it back after failure.
-fn charged_free(ptr: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-    if mode() == Mode::PassThrough {
-        return call();
-    }
-    let taken = guarded(None, || ledger::take(Kind::DevicePtr, ptr));
-    let rc = call();
-    if let Some(c) = taken {
-        guarded((), || {
-            if rc == CUDA_SUCCESS {
-                ledger::release(c.dev as usize, c.size);
-            } else {
-                ledger::insert(Kind::DevicePtr, ptr, c);
-            }
-        });
-    }
-    rc
-}
 
 pub unsafe fn alloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
     let Some(f) = real::cuMemAlloc_v2() else { return MISSING_REAL };
-    charged_alloc("cuMemAlloc_v2", size as u64, || unsafe { f(dptr, size) }, || unsafe { *dptr })
+    let call = || unsafe { f(dptr, size) };
+    charge::alloc(Hook::cuMemAlloc_v2, Kind::DevicePtr, Target::CurrentContext, size as u64, call, || unsafe { *dptr })
 }
 
 pub unsafe fn alloc_v1(dptr: *mut CUdeviceptr_v1, size: c_uint) -> CUresult {
     let Some(f) = real::cuMemAlloc() else { return MISSING_REAL };
-    charged_alloc("cuMemAlloc", size as u64, || unsafe { f(dptr, size) }, || unsafe { *dptr as u64 })
+    let call = || unsafe { f(dptr, size) };
+    charge::alloc(Hook::cuMemAlloc, Kind::DevicePtr, Target::CurrentContext, size as u64, call, || unsafe { *dptr as u64 })
 }
 
 pub unsafe fn free_v2(ptr: CUdeviceptr) -> CUresult {
     let Some(f) = real::cuMemFree_v2() else { return MISSING_REAL };
-    charged_free(ptr, || unsafe { f(ptr) })
+    charge::free(Hook::cuMemFree_v2, Kind::DevicePtr, ptr, || unsafe { f(ptr) })
 }
 
 pub unsafe fn free_v1(ptr: CUdeviceptr_v1) -> CUresult {
     let Some(f) = real::cuMemFree() else { return MISSING_REAL };
-    charged_free(ptr as u64, || unsafe { f(ptr) })
+    charge::free(Hook::cuMemFree, Kind::DevicePtr, ptr as u64, || unsafe { f(ptr) })
 }
 
 /// The capped view of one device: total = min(limit, physical),

@@ -2,6 +2,7 @@
 //! the ledger), call the real driver exactly once outside any `catch_unwind`, then record. A panic
 //! in bookkeeping is contained by [`guarded`] and can never repeat or skip the driver call.
 
+pub mod charge;
 pub mod init;
 pub mod mem;
 pub mod procaddr;

@@ -1,0 +1,144 @@
+//! The one shape every counted entry point follows:
+//! decide (reserve against the ledger) → call the real driver exactly once → commit or roll back,
+//! plus the event for the trace/sidecar. Family-specific wrappers only say how to call the driver,
+//! how big the request is, which device it is for and where the result lands.
+
+use super::init::ensure_limits;
+use super::{Mode, current_device, guarded, mode};
+use crate::events::{self, Event, Op};
+use crate::ffi::*;
+use crate::hooks::Hook;
+use crate::ledger::{self, Charge, Kind};
+
+/// Which device a request is charged to.
+#[derive(Clone, Copy, Debug)]
+pub enum Target {
+    /// The calling thread's current context (cuMemAlloc and friends).
+    CurrentContext,
+    /// A device named by the request itself (VMM properties, pools).
+    Device(usize),
+}
+
+/// What to do with a request, decided before the driver is called.
+enum Plan {
+    /// Charged to this device; commit or roll back after the call.
+    Charged(usize),
+    /// Refused: return this code without calling the driver.
+    Deny(CUresult, i32, u64),
+    /// Not ours to count (no current context: the driver will say so itself).
+    Forward,
+}
+
+fn plan(api: Hook, target: Target, size: u64) -> Plan {
+    if let Err(e) = ensure_limits() {
+        return Plan::Deny(e.code(), -1, 0);
+    }
+    let dev = match target {
+        Target::Device(d) => d,
+        Target::CurrentContext => match current_device() {
+            Some(d) => d,
+            None => return Plan::Forward,
+        },
+    };
+    match ledger::reserve(dev, size) {
+        Ok(()) => Plan::Charged(dev),
+        Err(d) => {
+            crate::log::denied(crate::hooks::info(api).name, dev, size, d.used, d.limit);
+            Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, d.used)
+        }
+    }
+}
+
+/// Calls the driver, timing it only when someone consumes events.
+#[inline]
+pub fn timed(call: impl FnOnce() -> CUresult) -> (CUresult, u64) {
+    if events::enabled() {
+        let t0 = events::now_ns();
+        let rc = call();
+        (rc, events::now_ns().saturating_sub(t0))
+    } else {
+        (call(), 0)
+    }
+}
+
+/// Reserve `size` on the target device, call the driver, then record `key → charge` (read with
+/// `read_key` only after success) or roll back.
+pub fn alloc(
+    api: Hook,
+    kind: Kind,
+    target: Target,
+    size: u64,
+    call: impl FnOnce() -> CUresult,
+    read_key: impl FnOnce() -> u64,
+) -> CUresult {
+    match mode() {
+        Mode::PassThrough => return call(),
+        Mode::FailClosed => return CUDA_ERROR_NOT_PERMITTED,
+        Mode::Enforce => {}
+    }
+    // A bookkeeping panic denies rather than hands out memory we did not count.
+    match guarded(Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, -1, 0), || plan(api, target, size)) {
+        Plan::Deny(rc, dev, used) => {
+            emit(Op::Deny, api, dev, 0, size, rc, 0, used);
+            rc
+        }
+        Plan::Forward => {
+            let (rc, dur) = timed(call);
+            if rc != CUDA_SUCCESS {
+                emit(Op::Fail, api, -1, 0, size, rc, dur, 0);
+            }
+            rc
+        }
+        Plan::Charged(dev) => {
+            let (rc, dur) = timed(call);
+            guarded((), || {
+                if rc == CUDA_SUCCESS {
+                    let key = read_key();
+                    ledger::note_peak(dev);
+                    // An entry already under this key is an allocation whose free we never saw:
+                    // the driver has reused the address, so that charge is gone.
+                    if let Some(stale) = ledger::insert(kind, key, Charge { dev: dev as u16, size }) {
+                        ledger::release(stale.dev as usize, stale.size);
+                    }
+                    emit(Op::Alloc, api, dev as i32, key, size, rc, dur, ledger::used(dev));
+                } else {
+                    ledger::release(dev, size);
+                    emit(Op::Fail, api, dev as i32, 0, size, rc, dur, ledger::used(dev));
+                }
+            });
+            rc
+        }
+    }
+}
+
+/// Take the entry out before the driver frees (so a racing allocation that gets the same key
+/// cannot have its entry removed by us), release after success, put it back after failure.
+/// Keys we never charged go to the driver untouched.
+pub fn free(api: Hook, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    if mode() == Mode::PassThrough {
+        return call();
+    }
+    let taken = guarded(None, || ledger::take(kind, key));
+    let (rc, dur) = timed(call);
+    guarded((), || match taken {
+        Some(c) if rc == CUDA_SUCCESS => {
+            ledger::release(c.dev as usize, c.size);
+            emit(Op::Free, api, c.dev as i32, key, c.size, rc, dur, ledger::used(c.dev as usize));
+        }
+        Some(c) => {
+            ledger::insert(kind, key, c);
+            emit(Op::Fail, api, c.dev as i32, key, 0, rc, dur, ledger::used(c.dev as usize));
+        }
+        None if rc != CUDA_SUCCESS => emit(Op::Fail, api, -1, key, 0, rc, dur, 0),
+        None => {}
+    });
+    rc
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn emit(op: Op, api: Hook, dev: i32, ptr: u64, size: u64, result: CUresult, dur_ns: u64, used: u64) {
+    if events::enabled() {
+        events::emit(Event { op, api, dev, ptr, size, result, dur_ns, used });
+    }
+}
