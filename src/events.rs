@@ -1,9 +1,17 @@
-//! The record of every intercepted call, handed from the allocating thread to consumers (the trace
-//! writer, the sidecar connection). The allocating thread only fills a small fixed-size record;
-//! formatting and I/O happen elsewhere.
+//! The record of every intercepted call, handed from the allocating thread to the writer thread
+//! (which formats it for the trace file and the sidecar).
+//!
+//! Each thread appends fixed-size records to its own single-producer ring, which the writer
+//! drains every few milliseconds. So the allocating thread does no I/O, no formatting, takes no
+//! lock, never allocates, and touches no cache line that other allocating threads write except
+//! the sequence counter. A full ring drops the record and counts it.
 
 use crate::ffi::CUresult;
 use crate::hooks::Hook;
+use crate::sync::Lock;
+use std::cell::{Cell, UnsafeCell};
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// What happened, as the trace's `op` field names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,24 +61,195 @@ pub struct Event {
     /// Bytes requested; for `free`, bytes released.
     pub size: u64,
     pub result: CUresult,
-    /// Time spent in the real driver call.
-    pub dur_ns: u64,
+    /// Time spent in the real driver call, in clock ticks ([`crate::clock`]); 0 for a deny.
+    pub dur: u64,
     /// The device's charge after the call.
     pub used: u64,
 }
 
+/// An event as buffered: stamped with its sequence number, time and thread.
+#[derive(Clone, Copy, Debug)]
+pub struct Record {
+    pub seq: u64,
+    /// When the call returned, in clock ticks ([`crate::clock`]).
+    pub at: u64,
+    pub tid: u32,
+    pub ev: Event,
+}
+
+/// Records per thread ring: at 1 M events/s from one thread the writer has 16 ms to come by.
+pub const THREAD_CAPACITY: usize = 1 << 14;
+
+/// Keeps a hot atomic on its own cache line (no false sharing with what the writer touches).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// One thread's ring: single producer (the owning thread), single consumer (the writer). Pushing
+/// is a plain store of the record and a release store of `head`: no read-modify-write at all.
+/// Rings are never freed: a thread that exits hands its ring back for the next new thread (the
+/// writer still drains whatever it held).
+pub struct ThreadBuf {
+    head: Padded<AtomicUsize>,
+    tail: Padded<AtomicUsize>,
+    slots: Box<[UnsafeCell<MaybeUninit<Record>>]>,
+    in_use: AtomicBool,
+}
+
+unsafe impl Sync for ThreadBuf {}
+
+impl ThreadBuf {
+    fn new() -> ThreadBuf {
+        ThreadBuf {
+            head: Padded(AtomicUsize::new(0)),
+            tail: Padded(AtomicUsize::new(0)),
+            slots: (0..THREAD_CAPACITY).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect(),
+            in_use: AtomicBool::new(true),
+        }
+    }
+
+    /// Producer side (only the owning thread). False when full.
+    #[inline]
+    fn push(&self, r: Record) -> bool {
+        let h = self.head.0.load(Ordering::Relaxed);
+        if h.wrapping_sub(self.tail.0.load(Ordering::Acquire)) >= THREAD_CAPACITY {
+            return false;
+        }
+        unsafe { (*self.slots[h % THREAD_CAPACITY].get()).write(r) };
+        self.head.0.store(h.wrapping_add(1), Ordering::Release);
+        true
+    }
+
+    /// Consumer side (only the writer): appends everything published so far to `into`.
+    pub fn drain(&self, into: &mut Vec<Record>) {
+        let t = self.tail.0.load(Ordering::Relaxed);
+        let h = self.head.0.load(Ordering::Acquire);
+        let mut i = t;
+        while i != h {
+            into.push(unsafe { (*self.slots[i % THREAD_CAPACITY].get()).assume_init() });
+            i = i.wrapping_add(1);
+        }
+        self.tail.0.store(h, Ordering::Release);
+    }
+}
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static BUFFERS: Lock<Vec<&'static ThreadBuf>> = Lock::new(Vec::new());
+static WRITER_STARTED: AtomicBool = AtomicBool::new(false);
+static SEQ: Padded<AtomicU64> = Padded(AtomicU64::new(0));
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Bumped in a forked child, so per-thread caches taken before the fork are refreshed.
+static FORK_GENERATION: AtomicU32 = AtomicU32::new(0);
+
 /// Whether anyone consumes events (decides whether wrappers time the driver call).
 #[inline]
 pub fn enabled() -> bool {
-    false
+    ENABLED.load(Ordering::Relaxed)
 }
 
-/// Monotonic nanoseconds (CLOCK_MONOTONIC; vDSO, no syscall).
-#[inline]
-pub fn now_ns() -> u64 {
-    crate::log::monotonic_ns()
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
 }
 
-/// Hands an event to the consumers. Never blocks, never does I/O.
+/// Hands an event to the writer: never blocks, never allocates after the thread's first event.
+/// `at` is the tick at which the call returned.
 #[inline]
-pub fn emit(_e: Event) {}
+pub fn emit(ev: Event, at: u64) {
+    let Some(me) = me() else { return };
+    let rec = Record { seq: SEQ.0.fetch_add(1, Ordering::Relaxed), at, tid: me.tid, ev };
+    if !unsafe { &*me.buf }.push(rec) {
+        DROPPED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Events handed out so far (written or dropped).
+pub fn emitted() -> u64 {
+    SEQ.0.load(Ordering::Relaxed)
+}
+
+pub fn dropped() -> u64 {
+    DROPPED.load(Ordering::Relaxed)
+}
+
+/// Counts records the writer could not deliver (full disk, closed sink).
+pub fn add_dropped(n: u64) {
+    DROPPED.fetch_add(n, Ordering::Relaxed);
+}
+
+/// The writer's view: every ring ever handed out (they are never freed).
+pub fn buffers(into: &mut Vec<&'static ThreadBuf>) {
+    into.clear();
+    into.extend(BUFFERS.lock().iter().copied());
+}
+
+/// What a thread needs per event, behind one thread-local access.
+#[derive(Clone, Copy)]
+struct Me {
+    generation: u32,
+    tid: u32,
+    buf: *const ThreadBuf,
+}
+
+thread_local! {
+    static ME: Cell<Me> = const { Cell::new(Me { generation: u32::MAX, tid: 0, buf: std::ptr::null() }) };
+    /// Hands the ring back when the thread exits.
+    static RELEASE: Release = const { Release };
+}
+
+struct Release;
+impl Drop for Release {
+    fn drop(&mut self) {
+        if let Ok(me) = ME.try_with(|c| c.get())
+            && !me.buf.is_null()
+            && me.generation == FORK_GENERATION.load(Ordering::Relaxed)
+        {
+            unsafe { &*me.buf }.in_use.store(false, Ordering::Release);
+        }
+    }
+}
+
+#[inline]
+fn me() -> Option<Me> {
+    let generation = FORK_GENERATION.load(Ordering::Relaxed);
+    let me = ME.try_with(|c| c.get()).ok()?;
+    if me.generation == generation {
+        return Some(me);
+    }
+    acquire(generation)
+}
+
+#[cold]
+fn acquire(generation: u32) -> Option<Me> {
+    if !WRITER_STARTED.swap(true, Ordering::AcqRel) && !crate::trace::spawn_writer() {
+        set_enabled(false);
+        return None;
+    }
+    let buf = {
+        let mut all = BUFFERS.lock();
+        match all.iter().find(|b| b.in_use.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok()) {
+            Some(b) => *b,
+            None => {
+                let b: &'static ThreadBuf = Box::leak(Box::new(ThreadBuf::new()));
+                all.push(b);
+                b
+            }
+        }
+    };
+    // gettid is a syscall: once per thread (and again in a forked child).
+    let me = Me { generation, tid: unsafe { libc::gettid() } as u32, buf };
+    ME.try_with(|c| c.set(me)).ok()?;
+    // Registers the thread-exit hook (first access only).
+    let _ = RELEASE.try_with(|_| ());
+    Some(me)
+}
+
+/// In a forked child only the forking thread survives and the parent's writer is gone. Forget
+/// the parent's buffers without touching them (another thread may have held one at fork time)
+/// and start afresh: new buffers, a new writer, a new file, sequence numbers from 0.
+pub fn after_fork_child() {
+    FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
+    BUFFERS.reset_in_child();
+    std::mem::forget(std::mem::take(&mut *BUFFERS.lock()));
+    WRITER_STARTED.store(false, Ordering::Release);
+    SEQ.0.store(0, Ordering::Relaxed);
+    DROPPED.store(0, Ordering::Relaxed);
+}

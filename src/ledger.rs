@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub const MAX_DEVICES: usize = 64;
 const NO_LIMIT: u64 = u64::MAX;
 
+/// One cache line per device: threads charging different devices never share a line.
+#[repr(align(128))]
 struct Budget {
     used: AtomicU64,
     limit: AtomicU64,
@@ -26,6 +28,31 @@ static BUDGETS: [Budget; MAX_DEVICES] = [const {
 pub struct Denied {
     pub used: u64,
     pub limit: u64,
+}
+
+static TOTALS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+static DEVICE_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Records what the driver reported for the devices this process sees (for traces and reports).
+pub fn set_devices(totals: &[u64]) {
+    for (d, &t) in totals.iter().take(MAX_DEVICES).enumerate() {
+        TOTALS[d].store(t, Ordering::Relaxed);
+    }
+    DEVICE_COUNT.store(totals.len().min(MAX_DEVICES), Ordering::Release);
+}
+
+pub fn device_count() -> usize {
+    DEVICE_COUNT.load(Ordering::Acquire)
+}
+
+/// Physical total of a device (0 if unknown).
+pub fn total(dev: usize) -> u64 {
+    TOTALS.get(dev).map_or(0, |t| t.load(Ordering::Relaxed))
+}
+
+/// The highest device index that was ever charged (for summaries when device info is missing).
+pub fn highest_used_device() -> usize {
+    (0..MAX_DEVICES).rev().find(|&d| peak(d) > 0).unwrap_or(0)
 }
 
 /// `bytes == 0` means no limit.
@@ -85,7 +112,11 @@ pub fn release(dev: usize, size: u64) {
 #[inline]
 pub fn note_peak(dev: usize) {
     if let Some(b) = BUDGETS.get(dev) {
-        b.peak.fetch_max(b.used.load(Ordering::Relaxed), Ordering::Relaxed);
+        let used = b.used.load(Ordering::Relaxed);
+        // Read first: the read-modify-write is needed only when the mark moves.
+        if used > b.peak.load(Ordering::Relaxed) {
+            b.peak.fetch_max(used, Ordering::Relaxed);
+        }
     }
 }
 
@@ -132,10 +163,28 @@ fn shard(kind: Kind, key: u64) -> &'static Lock<Option<Map>> {
     &TABLES[kind as usize][h as usize % SHARDS]
 }
 
+/// Device pointers live in a lock-free table; other kinds, and pointers when the table's
+/// neighbourhood is crowded, in the locked maps below.
+static FAST: once_cell::sync::Lazy<crate::livetable::LiveTable> = once_cell::sync::Lazy::new(crate::livetable::LiveTable::new);
+
+fn pack(c: Charge) -> [u64; 2] {
+    [c.size, c.dev as u64]
+}
+
+fn unpack(v: [u64; 2]) -> Charge {
+    Charge { dev: v[1] as u16, size: v[0] }
+}
+
 /// Remembers a live allocation; returns what an earlier entry under the same key was charged
 /// (an allocation we never saw freed, e.g. through an entry point we do not wrap).
 pub fn insert(kind: Kind, key: u64, charge: Charge) -> Option<Charge> {
+    if kind == Kind::DevicePtr && key != 0 && key != u64::MAX {
+        if let Ok(old) = FAST.insert(key, pack(charge)) {
+            return old.map(unpack);
+        }
+    }
     install_fork_handlers();
+    OVERFLOW_USED[kind as usize].store(true, Ordering::Relaxed);
     let mut g = shard(kind, key).lock();
     g.get_or_insert_with(|| Map::with_capacity_and_hasher(256, Default::default())).insert(key, charge)
 }
@@ -143,12 +192,24 @@ pub fn insert(kind: Kind, key: u64, charge: Charge) -> Option<Charge> {
 /// Takes a live allocation out of the table (before its free reaches the driver, so that the
 /// address cannot be reused and re-inserted by another thread while we still hold its entry).
 pub fn take(kind: Kind, key: u64) -> Option<Charge> {
+    if kind == Kind::DevicePtr
+        && let Some(v) = FAST.take(key)
+    {
+        return Some(unpack(v));
+    }
+    if !OVERFLOW_USED[kind as usize].load(Ordering::Relaxed) {
+        return None;
+    }
     shard(kind, key).lock().as_mut()?.remove(&key)
 }
 
+/// Whether a kind's locked map ever held anything (lets `take` skip the lock for pointers).
+static OVERFLOW_USED: [AtomicBool; KINDS] = [const { AtomicBool::new(false) }; KINDS];
+
 /// Number of live entries (tests and reports).
 pub fn live(kind: Kind) -> usize {
-    TABLES[kind as usize].iter().map(|s| s.lock().as_ref().map_or(0, |m| m.len())).sum()
+    let fast = if kind == Kind::DevicePtr { FAST.len() } else { 0 };
+    fast + TABLES[kind as usize].iter().map(|s| s.lock().as_ref().map_or(0, |m| m.len())).sum::<usize>()
 }
 
 static FORK_HANDLERS: AtomicBool = AtomicBool::new(false);

@@ -7,6 +7,7 @@
 //! - [`ledger`]: per-device budgets and the live-allocation table.
 //! - [`config`]: environment parsing (limits, size grammar, switches).
 
+pub mod clock;
 pub mod config;
 pub mod dl;
 pub mod events;
@@ -14,5 +15,7 @@ pub mod ffi;
 pub mod hooks;
 pub mod intercept;
 pub mod ledger;
+pub mod livetable;
 pub mod log;
 pub mod sync;
+pub mod trace;

@@ -23,6 +23,8 @@ pub struct Config {
     pub limits: LimitSpec,
     /// `VRAMCAP_REAL_LIBCUDA`: the driver to open instead of `libcuda.so.1`.
     pub real_libcuda: Option<String>,
+    /// `VRAMCAP_TRACE`: trace file path template (`%p`, `%t`, `%e`, `%h`).
+    pub trace: Option<String>,
     /// Set when any input was invalid: we then fail closed (nothing is handed out uncapped).
     pub error: Option<ConfigError>,
     /// Non-fatal problems to print once.
@@ -74,7 +76,8 @@ impl Config {
             }
         };
         let real_libcuda = get("VRAMCAP_REAL_LIBCUDA").filter(|v| !v.is_empty()).map(str::to_string);
-        Config { disabled, log_level, limits, real_libcuda, error, warnings }
+        let trace = get("VRAMCAP_TRACE").filter(|v| !v.trim().is_empty()).map(str::to_string);
+        Config { disabled, log_level, limits, real_libcuda, trace, error, warnings }
     }
 
     fn from_env() -> Config {
@@ -107,6 +110,7 @@ pub fn get() -> &'static Config {
                     "vramcap: {e}. Refusing to run uncapped: CUDA initialisation will fail."
                 ));
             }
+            crate::trace::configure(c);
             c
         }
         Err(winner) => {

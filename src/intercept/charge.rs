@@ -5,6 +5,7 @@
 
 use super::init::ensure_limits;
 use super::{Mode, current_device, guarded, mode};
+use crate::clock;
 use crate::events::{self, Event, Op};
 use crate::ffi::*;
 use crate::hooks::Hook;
@@ -49,15 +50,24 @@ fn plan(api: Hook, target: Target, size: u64) -> Plan {
     }
 }
 
-/// Calls the driver, timing it only when someone consumes events.
+/// The driver's answer and how long it took: `dur` ticks, ending at tick `at` (both 0 when nobody
+/// consumes events, so an untraced process pays no clock reads). Ticks: [`crate::clock`].
+#[derive(Clone, Copy)]
+pub struct Timed {
+    pub rc: CUresult,
+    pub dur: u64,
+    pub at: u64,
+}
+
 #[inline]
-pub fn timed(call: impl FnOnce() -> CUresult) -> (CUresult, u64) {
+pub fn timed(call: impl FnOnce() -> CUresult) -> Timed {
     if events::enabled() {
-        let t0 = events::now_ns();
+        let t0 = clock::ticks();
         let rc = call();
-        (rc, events::now_ns().saturating_sub(t0))
+        let at = clock::ticks();
+        Timed { rc, dur: at.saturating_sub(t0), at }
     } else {
-        (call(), 0)
+        Timed { rc: call(), dur: 0, at: 0 }
     }
 }
 
@@ -79,20 +89,20 @@ pub fn alloc(
     // A bookkeeping panic denies rather than hands out memory we did not count.
     match guarded(Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, -1, 0), || plan(api, target, size)) {
         Plan::Deny(rc, dev, used) => {
-            emit(Op::Deny, api, dev, 0, size, rc, 0, used);
+            emit(Op::Deny, api, dev, 0, size, Timed { rc, dur: 0, at: 0 }, used);
             rc
         }
         Plan::Forward => {
-            let (rc, dur) = timed(call);
-            if rc != CUDA_SUCCESS {
-                emit(Op::Fail, api, -1, 0, size, rc, dur, 0);
+            let t = timed(call);
+            if t.rc != CUDA_SUCCESS {
+                emit(Op::Fail, api, -1, 0, size, t, 0);
             }
-            rc
+            t.rc
         }
         Plan::Charged(dev) => {
-            let (rc, dur) = timed(call);
+            let t = timed(call);
             guarded((), || {
-                if rc == CUDA_SUCCESS {
+                if t.rc == CUDA_SUCCESS {
                     let key = read_key();
                     ledger::note_peak(dev);
                     // An entry already under this key is an allocation whose free we never saw:
@@ -100,13 +110,13 @@ pub fn alloc(
                     if let Some(stale) = ledger::insert(kind, key, Charge { dev: dev as u16, size }) {
                         ledger::release(stale.dev as usize, stale.size);
                     }
-                    emit(Op::Alloc, api, dev as i32, key, size, rc, dur, ledger::used(dev));
+                    emit(Op::Alloc, api, dev as i32, key, size, t, ledger::used(dev));
                 } else {
                     ledger::release(dev, size);
-                    emit(Op::Fail, api, dev as i32, 0, size, rc, dur, ledger::used(dev));
+                    emit(Op::Fail, api, dev as i32, 0, size, t, ledger::used(dev));
                 }
             });
-            rc
+            t.rc
         }
     }
 }
@@ -119,26 +129,27 @@ pub fn free(api: Hook, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) ->
         return call();
     }
     let taken = guarded(None, || ledger::take(kind, key));
-    let (rc, dur) = timed(call);
+    let t = timed(call);
     guarded((), || match taken {
-        Some(c) if rc == CUDA_SUCCESS => {
+        Some(c) if t.rc == CUDA_SUCCESS => {
             ledger::release(c.dev as usize, c.size);
-            emit(Op::Free, api, c.dev as i32, key, c.size, rc, dur, ledger::used(c.dev as usize));
+            emit(Op::Free, api, c.dev as i32, key, c.size, t, ledger::used(c.dev as usize));
         }
         Some(c) => {
             ledger::insert(kind, key, c);
-            emit(Op::Fail, api, c.dev as i32, key, 0, rc, dur, ledger::used(c.dev as usize));
+            emit(Op::Fail, api, c.dev as i32, key, 0, t, ledger::used(c.dev as usize));
         }
-        None if rc != CUDA_SUCCESS => emit(Op::Fail, api, -1, key, 0, rc, dur, 0),
+        None if t.rc != CUDA_SUCCESS => emit(Op::Fail, api, -1, key, 0, t, 0),
         None => {}
     });
-    rc
+    t.rc
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Records one event (a no-op unless a trace or sidecar consumes events).
 #[inline]
-pub fn emit(op: Op, api: Hook, dev: i32, ptr: u64, size: u64, result: CUresult, dur_ns: u64, used: u64) {
+pub fn emit(op: Op, api: Hook, dev: i32, ptr: u64, size: u64, t: Timed, used: u64) {
     if events::enabled() {
-        events::emit(Event { op, api, dev, ptr, size, result, dur_ns, used });
+        let at = if t.at != 0 { t.at } else { clock::ticks() };
+        events::emit(Event { op, api, dev, ptr, size, result: t.rc, dur: t.dur, used }, at);
     }
 }

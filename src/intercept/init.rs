@@ -64,11 +64,15 @@ pub fn ensure_limits() -> Result<(), LimitsError> {
 #[cold]
 fn resolve() -> Result<(), LimitsError> {
     let cfg = config::get();
+    let devices = query_devices();
+    if let Some(d) = &devices {
+        ledger::set_devices(&d.iter().map(|d| d.total).collect::<Vec<_>>());
+    }
     if cfg.limits.is_empty() {
         STATE.store(RESOLVED, Ordering::Release);
         return Ok(());
     }
-    let devices = query_devices().ok_or(LimitsError::NotYet)?;
+    let devices = devices.ok_or(LimitsError::NotYet)?;
     match cfg.limits.resolve(&devices) {
         Ok(limits) => {
             // Racing resolvers compute the same values; storing twice is harmless.

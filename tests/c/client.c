@@ -306,9 +306,26 @@ static void op_stats(long dev)
         s.alloc_calls, s.free_calls, s.bytes_held, s.live_allocs, s.peak_bytes, s.total_bytes);
 }
 
+const struct cu_api *client_A;
+
+void client_printf(const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+    fflush(stdout);
+}
+
+unsigned long long client_parse_size(const char *s) { return parse_size(s); }
+long client_parse_long(const char *s) { return parse_long(s); }
+
 int client_run(const struct cu_api *api, int argc, char **argv)
 {
     A = api;
+    client_A = api;
     for (int i = 1; i < argc; i++) {
         const char *op = argv[i];
 #define ARG() (i + 1 < argc ? argv[++i] : (die("missing argument to %s", op), (char *)NULL))
@@ -389,7 +406,7 @@ int client_run(const struct cu_api *api, int argc, char **argv)
             struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
             nanosleep(&ts, NULL);
             out("sleep ok");
-        } else {
+        } else if (!client_lifecycle_op(op, &i, argc, argv)) {
             die("unknown op '%s'", op);
         }
 #undef ARG

@@ -28,6 +28,14 @@ struct cu_api {
 /* Runs the ops in argv[1..]; returns the process exit status. */
 int client_run(const struct cu_api *api, int argc, char **argv);
 
+/* For op families kept in their own files (ops_*.c). */
+extern const struct cu_api *client_A;
+void client_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+unsigned long long client_parse_size(const char *s);
+long client_parse_long(const char *s);
+/* Each returns 1 if it handled `op` (consuming its arguments via *i), else 0. */
+int client_lifecycle_op(const char *op, int *i, int argc, char **argv);
+
 /* Front-end helper: complain and exit when a function could not be resolved. */
 void client_need(const void *fn, const char *what);
 

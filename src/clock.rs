@@ -1,0 +1,139 @@
+//! Cheap timestamps for events. Reading CLOCK_MONOTONIC costs ~20 ns even through the vDSO and an
+//! event needs two reads (start and end of the driver call); the CPU's invariant time-stamp
+//! counter costs ~8 ns. The allocating thread stores raw ticks; the writer thread converts them to
+//! nanoseconds with a calibration it keeps refining against CLOCK_MONOTONIC.
+//!
+//! The counter is used only where the kernel itself trusts it (its clocksource is `tsc`, or the
+//! ARM generic timer); otherwise ticks are plain monotonic nanoseconds.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+static USE_COUNTER: AtomicBool = AtomicBool::new(false);
+/// A reference pair taken when recording started.
+static REF_TICKS: AtomicU64 = AtomicU64::new(0);
+static REF_NS: AtomicU64 = AtomicU64::new(0);
+
+pub fn monotonic_ns() -> u64 {
+    crate::log::monotonic_ns()
+}
+
+#[inline]
+fn raw_counter() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let v: u64;
+        unsafe { core::arch::asm!("mrs {}, cntvct_el0", out(reg) v, options(nomem, nostack)) };
+        v
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        monotonic_ns()
+    }
+}
+
+/// A timestamp in ticks (see [`Calibration`] for converting).
+#[inline]
+pub fn ticks() -> u64 {
+    if USE_COUNTER.load(Ordering::Relaxed) { raw_counter() } else { monotonic_ns() }
+}
+
+/// Decides the tick source and takes the reference pair. Called once, when events are enabled.
+pub fn init() {
+    let trusted = if cfg!(target_arch = "aarch64") {
+        true
+    } else if cfg!(target_arch = "x86_64") {
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .map(|s| s.trim() == "tsc")
+            .unwrap_or(false)
+    } else {
+        false
+    };
+    USE_COUNTER.store(trusted, Ordering::Relaxed);
+    let (t, n) = pair();
+    REF_TICKS.store(t, Ordering::Relaxed);
+    REF_NS.store(n, Ordering::Relaxed);
+}
+
+/// A (ticks, monotonic ns) pair read back to back.
+fn pair() -> (u64, u64) {
+    let t = ticks();
+    let n = monotonic_ns();
+    (t, n)
+}
+
+/// Converts ticks to monotonic nanoseconds. Owned by the writer thread.
+pub struct Calibration {
+    counter: bool,
+    base_ticks: u64,
+    base_ns: u64,
+    /// Latest pair: conversions anchor here so the error stays within one refresh interval.
+    anchor_ticks: u64,
+    anchor_ns: u64,
+    ns_per_tick: f64,
+}
+
+impl Calibration {
+    /// Needs ~10 ms between `init()` and the first conversion for a usable rate; waits if less.
+    pub fn new() -> Calibration {
+        let counter = USE_COUNTER.load(Ordering::Relaxed);
+        let (bt, bn) = (REF_TICKS.load(Ordering::Relaxed), REF_NS.load(Ordering::Relaxed));
+        let mut c = Calibration { counter, base_ticks: bt, base_ns: bn, anchor_ticks: bt, anchor_ns: bn, ns_per_tick: 1.0 };
+        if counter {
+            while monotonic_ns().saturating_sub(bn) < 10_000_000 {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            c.refresh();
+        }
+        c
+    }
+
+    /// Re-measures the rate over the whole span since recording started and re-anchors.
+    pub fn refresh(&mut self) {
+        if !self.counter {
+            return;
+        }
+        let (t, n) = pair();
+        if t > self.base_ticks && n > self.base_ns {
+            self.ns_per_tick = (n - self.base_ns) as f64 / (t - self.base_ticks) as f64;
+            self.anchor_ticks = t;
+            self.anchor_ns = n;
+        }
+    }
+
+    #[inline]
+    pub fn to_ns(&self, ticks: u64) -> u64 {
+        if !self.counter {
+            return ticks;
+        }
+        let d = ticks as i128 - self.anchor_ticks as i128;
+        (self.anchor_ns as i128 + (d as f64 * self.ns_per_tick) as i128).max(0) as u64
+    }
+
+    #[inline]
+    pub fn span_ns(&self, ticks: u64) -> u64 {
+        if self.counter { (ticks as f64 * self.ns_per_tick) as u64 } else { ticks }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn converted_ticks_track_the_monotonic_clock() {
+        init();
+        let c = Calibration::new();
+        let t = ticks();
+        let n = monotonic_ns();
+        let converted = c.to_ns(t);
+        assert!(converted.abs_diff(n) < 1_000_000, "converted {converted} vs monotonic {n}");
+        let t0 = ticks();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let span = c.span_ns(ticks() - t0);
+        assert!((15_000_000..200_000_000).contains(&span), "20 ms measured as {span} ns");
+    }
+}

@@ -1,0 +1,230 @@
+//! `VRAMCAP_TRACE=PATH`: every intercepted call to a JSON Lines file (docs/trace-format.md).
+//!
+//! The allocating threads only append records to their own buffers ([`crate::events`]); one
+//! writer thread per process formats and writes them. Lifecycle: the first event starts the writer; `exit()` from any thread
+//! drains the queue and writes the summary (an `atexit` handler waits for the writer, bounded);
+//! a forked child starts its own writer on its own file; `exec` starts fresh from the environment.
+
+pub mod format;
+mod writer;
+
+use crate::config;
+use crate::events;
+use crate::ledger;
+use crate::sync::Lock;
+use format::{DeviceLine, Header, Summary};
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+static ORIGIN_MONO_NS: AtomicU64 = AtomicU64::new(0);
+static ORIGIN_UNIX_NS: AtomicU64 = AtomicU64::new(0);
+/// Pid whose writer is running (0: none). A forked child sees its parent's pid here.
+static WRITER_PID: AtomicI32 = AtomicI32::new(0);
+static SHUTDOWN: AtomicBool = AtomicBool::new(false);
+static DONE: AtomicBool = AtomicBool::new(false);
+/// The path this process's writer opened: a forked child must not reuse it.
+static PATH_IN_USE: Lock<Option<String>> = Lock::new(None);
+
+/// Called once when the configuration is read: turns event recording on if a trace is wanted.
+pub fn configure(cfg: &config::Config) {
+    if cfg.trace.is_none() || cfg.disabled || cfg.error.is_some() {
+        return;
+    }
+    crate::clock::init();
+    ORIGIN_MONO_NS.store(crate::log::monotonic_ns(), Ordering::Relaxed);
+    ORIGIN_UNIX_NS.store(unix_ns(), Ordering::Relaxed);
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    events::set_enabled(true);
+}
+
+fn unix_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+extern "C" fn after_fork_child() {
+    PATH_IN_USE.reset_in_child();
+    WRITER_PID.store(0, Ordering::Relaxed);
+    SHUTDOWN.store(false, Ordering::Relaxed);
+    DONE.store(false, Ordering::Relaxed);
+    events::after_fork_child();
+}
+
+/// Starts this process's writer thread. False if no thread could be started.
+pub fn spawn_writer() -> bool {
+    let Some(template) = config::get().trace.clone() else { return false };
+    let pid = unsafe { libc::getpid() };
+    WRITER_PID.store(pid, Ordering::Relaxed);
+    static ATEXIT: AtomicBool = AtomicBool::new(false);
+    if !ATEXIT.swap(true, Ordering::AcqRel) {
+        unsafe { libc::atexit(at_exit) };
+    }
+    let spawned = std::thread::Builder::new()
+        .name("vramcap-writer".into())
+        .stack_size(256 * 1024)
+        .spawn(move || writer_main(template));
+    spawned.is_ok()
+}
+
+fn writer_main(template: String) {
+    block_all_signals();
+    let mut path = expand(&template);
+    {
+        let mut in_use = PATH_IN_USE.lock();
+        if in_use.as_deref() == Some(path.as_str()) {
+            // A forked child whose template has no %p: never write over the parent's file.
+            path = format!("{path}.{}", unsafe { libc::getpid() });
+        }
+        *in_use = Some(path.clone());
+    }
+    let fd = open(&path);
+    let origin = ORIGIN_MONO_NS.load(Ordering::Relaxed);
+    let mut w = writer::Writer::new(fd, path.clone(), origin);
+    if fd < 0 {
+        let err = std::io::Error::last_os_error();
+        crate::log::write_line(&format!(
+            "vramcap: cannot write the trace VRAMCAP_TRACE={template} ({path}): {err}; tracing is off, the cap still applies"
+        ));
+        events::set_enabled(false);
+        w.discard();
+        DONE.store(true, Ordering::Release);
+        return;
+    }
+    w.line(&header());
+    w.flush();
+    w.run(|| SHUTDOWN.load(Ordering::Acquire));
+    w.summary(&summary());
+    w.close();
+    DONE.store(true, Ordering::Release);
+}
+
+fn open(path: &str) -> i32 {
+    let Ok(c) = CString::new(path) else { return -1 };
+    unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o644) }
+}
+
+fn block_all_signals() {
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// `exit()` from any thread: let the writer drain, write the summary and close (bounded wait,
+/// so a stuck disk can delay exit by at most a few seconds, never hang it).
+extern "C" fn at_exit() {
+    if WRITER_PID.load(Ordering::Relaxed) != unsafe { libc::getpid() } {
+        return;
+    }
+    SHUTDOWN.store(true, Ordering::Release);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !DONE.load(Ordering::Acquire) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn header() -> Header {
+    let pid = unsafe { libc::getpid() };
+    let devices = (0..ledger::device_count())
+        .map(|i| DeviceLine { index: i, total: ledger::total(i), limit: ledger::limit(i) })
+        .collect();
+    Header {
+        kind: "header",
+        version: format::VERSION,
+        pid,
+        ppid: unsafe { libc::getppid() },
+        exe: exe_name(),
+        cmdline: std::fs::read("/proc/self/cmdline")
+            .map(|b| b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+            .unwrap_or_default(),
+        host: host_name(),
+        start_unix_ns: ORIGIN_UNIX_NS.load(Ordering::Relaxed),
+        devices,
+        group: None,
+    }
+}
+
+fn summary() -> Summary {
+    let n = ledger::device_count().max(ledger::highest_used_device() + 1);
+    Summary {
+        kind: "summary",
+        events: events::emitted(),
+        dropped: events::dropped(),
+        peak: (0..n).map(|d| (d.to_string(), ledger::peak(d))).collect(),
+        used: (0..n).map(|d| (d.to_string(), ledger::used(d))).collect(),
+    }
+}
+
+pub fn exe_name() -> String {
+    std::fs::read_link("/proc/self/exe")
+        .ok()
+        .and_then(|p| p.file_name().map(|s| s.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Process start time in Unix seconds (from /proc: boot time + start ticks).
+pub fn process_start_unix_secs() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Field 22 (starttime) counts from after the parenthesised command name.
+    let ticks: u64 = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(19)?.parse().ok()).unwrap_or(0);
+    let btime: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok()))
+        .unwrap_or(0);
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    btime + ticks / hz
+}
+
+/// `%p` pid, `%t` process start (Unix seconds), `%e` executable name, `%h` host name, `%%` a `%`.
+pub fn expand(template: &str) -> String {
+    let mut out = String::with_capacity(template.len() + 16);
+    let mut chars = template.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('p') => out.push_str(&unsafe { libc::getpid() }.to_string()),
+            Some('t') => out.push_str(&process_start_unix_secs().to_string()),
+            Some('e') => out.push_str(&exe_name()),
+            Some('h') => out.push_str(&host_name()),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders() {
+        let pid = std::process::id().to_string();
+        assert_eq!(expand("/tmp/t-%p.jsonl"), format!("/tmp/t-{pid}.jsonl"));
+        assert_eq!(expand("a%%b%q%"), "a%b%q%");
+        assert_eq!(expand("%h"), host_name());
+        let t: u64 = expand("%t").parse().unwrap();
+        let now = unix_ns() / 1_000_000_000;
+        assert!(t <= now && t + 3600 > now, "start {t} vs now {now}");
+        assert!(!expand("%e").is_empty());
+    }
+}
