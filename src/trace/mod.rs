@@ -11,7 +11,6 @@ mod writer;
 use crate::config;
 use crate::events;
 use crate::ledger;
-use crate::sync::Lock;
 use format::{DeviceLine, Header, Summary};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -23,8 +22,8 @@ static ORIGIN_UNIX_NS: AtomicU64 = AtomicU64::new(0);
 static WRITER_PID: AtomicI32 = AtomicI32::new(0);
 static SHUTDOWN: AtomicBool = AtomicBool::new(false);
 static DONE: AtomicBool = AtomicBool::new(false);
-/// The path this process's writer opened: a forked child must not reuse it.
-static PATH_IN_USE: Lock<Option<String>> = Lock::new(None);
+/// Set in a forked child: without `%p` in the template it would write its parent's file.
+static FORK_CHILD: AtomicBool = AtomicBool::new(false);
 
 /// Called once when the configuration is read: turns event recording on if a trace is wanted.
 pub fn configure(cfg: &config::Config) {
@@ -45,7 +44,7 @@ fn unix_ns() -> u64 {
 }
 
 extern "C" fn after_fork_child() {
-    PATH_IN_USE.reset_in_child();
+    FORK_CHILD.store(true, Ordering::Relaxed);
     WRITER_PID.store(0, Ordering::Relaxed);
     SHUTDOWN.store(false, Ordering::Relaxed);
     DONE.store(false, Ordering::Relaxed);
@@ -61,24 +60,20 @@ pub fn spawn_writer() -> bool {
     if !ATEXIT.swap(true, Ordering::AcqRel) {
         unsafe { libc::atexit(at_exit) };
     }
+    let mut path = expand(&template);
+    if FORK_CHILD.load(Ordering::Relaxed) && !template.contains("%p") {
+        // Never write over the parent's file.
+        path = format!("{path}.{pid}");
+    }
     let spawned = std::thread::Builder::new()
         .name("vramcap-writer".into())
         .stack_size(256 * 1024)
-        .spawn(move || writer_main(template));
+        .spawn(move || writer_main(template, path));
     spawned.is_ok()
 }
 
-fn writer_main(template: String) {
+fn writer_main(template: String, path: String) {
     block_all_signals();
-    let mut path = expand(&template);
-    {
-        let mut in_use = PATH_IN_USE.lock();
-        if in_use.as_deref() == Some(path.as_str()) {
-            // A forked child whose template has no %p: never write over the parent's file.
-            path = format!("{path}.{}", unsafe { libc::getpid() });
-        }
-        *in_use = Some(path.clone());
-    }
     let fd = open(&path);
     let origin = ORIGIN_MONO_NS.load(Ordering::Relaxed);
     let mut w = writer::Writer::new(fd, path.clone(), origin);

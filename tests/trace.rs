@@ -1,0 +1,283 @@
+//! VRAMCAP_TRACE: exact content for a known workload, denials and driver failures, SIGKILL,
+//! fork, exit from another thread, full disk, unusable path, many threads.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vramcap-trace-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Every complete line of a trace, parsed; a cut last line (no newline) is skipped.
+fn read_trace(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let complete = match text.rfind('\n') {
+        Some(i) => &text[..=i],
+        None => "",
+    };
+    complete
+        .lines()
+        .enumerate()
+        .map(|(i, l)| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}:{}: {e}: {l}", path.display(), i + 1)))
+        .collect()
+}
+
+fn events(t: &[Value]) -> Vec<&Value> {
+    t.iter().filter(|v| v["type"] == "event").collect()
+}
+
+fn only_file(dir: &Path) -> PathBuf {
+    let files: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files[0].clone()
+}
+
+#[test]
+fn known_workload_gives_exact_events_header_and_summary() {
+    let dir = tmpdir("known");
+    let out = Run::client("client_procaddr")
+        .env("VRAMCAP_LIMIT", "0=1GiB")
+        .env("VRAMCAP_TRACE", dir.join("t-%p-%e.jsonl"))
+        .env("FAKECUDA_FAIL_ALLOC", "3")
+        .args(["init ctx 0 alloc 512m alloc 600m alloc 1m alloc 256m free 0 freeptr 0x1234 alloc1 1m"])
+        .run();
+    out.ok();
+    let path = only_file(&dir);
+    let name = path.file_name().unwrap().to_string_lossy().to_string();
+    assert!(name.ends_with("-client_procaddr.jsonl") && name.starts_with("t-"), "{name}");
+    let t = read_trace(&path);
+    let h = &t[0];
+    assert_eq!(h["type"], "header");
+    assert_eq!(h["version"], 1);
+    assert_eq!(h["exe"], "client_procaddr");
+    assert_eq!(h["cmdline"][1], "init");
+    assert!(h["pid"].as_i64().unwrap() > 0 && h["ppid"].as_i64().unwrap() > 0);
+    assert!(h["start_unix_ns"].as_u64().unwrap() > 1_600_000_000_000_000_000);
+    assert_eq!(h["devices"][0]["total"], 16 * GIB);
+    assert_eq!(h["devices"][0]["limit"], GIB);
+    assert_eq!(h["devices"][1]["limit"], Value::Null);
+    assert_eq!(h["group"], Value::Null);
+
+    let ev = events(&t);
+    let got: Vec<(&str, &str, u64, i64, u64)> = ev
+        .iter()
+        .map(|e| {
+            (
+                e["op"].as_str().unwrap(),
+                e["api"].as_str().unwrap(),
+                e["size"].as_u64().unwrap(),
+                e["result"].as_i64().unwrap(),
+                e["used"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let m = MIB;
+    assert_eq!(
+        got,
+        vec![
+            ("alloc", "cuMemAlloc_v2", 512 * m, 0, 512 * m),
+            ("deny", "cuMemAlloc_v2", 600 * m, 2, 512 * m),
+            // FAKECUDA_FAIL_ALLOC=3: the third call that reaches the driver fails.
+            ("alloc", "cuMemAlloc_v2", m, 0, 513 * m),
+            ("fail", "cuMemAlloc_v2", 256 * m, 2, 513 * m),
+            ("free", "cuMemFree_v2", 512 * m, 0, m),
+            ("fail", "cuMemFree_v2", 0, 1, 0),
+            ("alloc", "cuMemAlloc", m, 0, 2 * m),
+        ]
+    );
+    for (i, e) in ev.iter().enumerate() {
+        assert_eq!(e["seq"], i as u64);
+        assert!(e["ptr"].as_str().unwrap().starts_with("0x"));
+        assert!(e["tid"].as_u64().unwrap() > 0);
+    }
+    assert_eq!(ev[0]["dev"], 0);
+    assert_eq!(ev[1]["dur_ns"], 0, "a denial never reaches the driver");
+    assert!(ev[0]["dur_ns"].as_u64().unwrap() > 0);
+    assert_eq!(ev[5]["ptr"], "0x1234");
+    assert_eq!(ev[4]["ptr"], ev[0]["ptr"]);
+    let ts: Vec<u64> = ev.iter().map(|e| e["t_ns"].as_u64().unwrap()).collect();
+    assert!(ts.windows(2).all(|w| w[0] <= w[1]), "{ts:?}");
+
+    let s = t.last().unwrap();
+    assert_eq!(s["type"], "summary");
+    assert_eq!(s["events"], 7);
+    assert_eq!(s["dropped"], 0);
+    assert_eq!(s["peak"]["0"], 513 * m);
+    assert_eq!(s["used"]["0"], 2 * m);
+    assert_eq!(t.len(), 9);
+}
+
+#[test]
+fn sigkill_leaves_a_readable_prefix() {
+    let dir = tmpdir("kill");
+    let path = dir.join("t.jsonl");
+    let mut child = std::process::Command::new(ctests_dir().join("client_linked"));
+    build_c();
+    child
+        .env("LD_LIBRARY_PATH", shim_dir())
+        .env("LD_PRELOAD", preload_lib())
+        .env("VRAMCAP_LIMIT", "8g")
+        .env("VRAMCAP_TRACE", &path)
+        .args("init ctx 0 alloc 1m alloc 2m alloc 3m free 1 sleep 60000".split(' '))
+        .stdout(std::process::Stdio::null());
+    let mut child = child.spawn().unwrap();
+    // The writer flushes at least every second.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if std::fs::read_to_string(&path).map(|s| s.lines().count() >= 5).unwrap_or(false) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t = read_trace(&path);
+    assert_eq!(t[0]["type"], "header");
+    assert_eq!(events(&t).len(), 4, "every event before the kill was flushed within a second");
+    assert!(t.iter().all(|v| v["type"] != "summary"));
+}
+
+#[test]
+fn fork_gives_the_child_its_own_file_and_keeps_its_cap() {
+    let dir = tmpdir("fork");
+    let out = Run::client("client_linked")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("VRAMCAP_TRACE", dir.join("t-%p.jsonl"))
+        .args(["init ctx 0 alloc 4m fork alloc 1g"])
+        .run();
+    out.ok();
+    let child = out.nth("fork", 0).num("child");
+    assert_eq!(out.nth("fork", 0).num("status"), 0);
+    assert_eq!(out.nth("alloc", 1).rc(), 2, "the parent's cap still holds");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    assert_eq!(files.len(), 2, "{files:?}");
+    let child_file = dir.join(format!("t-{child}.jsonl"));
+    let c = read_trace(&child_file);
+    assert_eq!(c[0]["pid"], child);
+    let ce = events(&c);
+    assert_eq!(ce.iter().map(|e| e["op"].as_str().unwrap()).collect::<Vec<_>>(), ["alloc", "free"]);
+    assert_eq!(ce[0]["seq"], 0);
+    assert_eq!(ce[0]["used"], 5 * MIB, "the child starts from the parent's charge");
+    assert_eq!(c.last().unwrap()["type"], "summary");
+    let parent = files.iter().find(|f| **f != child_file).unwrap();
+    let p = read_trace(parent);
+    assert_eq!(events(&p).iter().map(|e| e["op"].as_str().unwrap()).collect::<Vec<_>>(), ["alloc", "deny"]);
+}
+
+#[test]
+fn fork_without_pid_placeholder_does_not_overwrite_the_parent() {
+    let dir = tmpdir("fork-nop");
+    let out = Run::client("client_linked")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("VRAMCAP_TRACE", dir.join("t.jsonl"))
+        .args(["init ctx 0 alloc 4m fork"])
+        .run();
+    out.ok();
+    let child = out.nth("fork", 0).num("child");
+    assert_eq!(events(&read_trace(&dir.join("t.jsonl"))).len(), 1);
+    assert_eq!(events(&read_trace(&dir.join(format!("t.jsonl.{child}")))).len(), 2);
+}
+
+#[test]
+fn exit_from_another_thread_still_writes_the_summary() {
+    let dir = tmpdir("exit");
+    let path = dir.join("t.jsonl");
+    let out = Run::client("client_linked")
+        .env("VRAMCAP_TRACE", &path)
+        .args(["init ctx 0 alloc 1m alloc 1m exitthread"])
+        .run();
+    out.ok();
+    let t = read_trace(&path);
+    let s = t.last().unwrap();
+    assert_eq!(s["type"], "summary");
+    assert_eq!(s["events"], 2);
+    assert_eq!(s["used"]["0"], 2 * MIB);
+}
+
+#[test]
+fn a_file_size_limit_stops_the_trace_not_the_job() {
+    let dir = tmpdir("full");
+    let path = dir.join("t.jsonl");
+    build_c();
+    // 8 KiB file-size limit; the job makes thousands of events.
+    let script = format!(
+        "ulimit -f 8; exec {} init ctx 0 bench 20000 4k alloc 2g info",
+        ctests_dir().join("client_linked").display()
+    );
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .env("LD_LIBRARY_PATH", shim_dir())
+        .env("LD_PRELOAD", preload_lib())
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("VRAMCAP_TRACE", &path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the job was disturbed: {:?}\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains("bench ns_per_pair") && stdout.contains("errors=0"), "{stdout}");
+    assert!(stdout.contains("alloc rc=2"), "the cap still applies: {stdout}");
+    assert_eq!(stderr.matches("vramcap: trace").count(), 1, "one warning: {stderr}");
+    let len = std::fs::metadata(&path).unwrap().len();
+    assert!(len <= 8192, "{len}");
+    // The file holds whole lines up to the cut.
+    let t = read_trace(&path);
+    assert_eq!(t[0]["type"], "header");
+}
+
+#[test]
+fn an_unusable_path_is_reported_once_and_the_cap_still_applies() {
+    let out = Run::client("client_procaddr")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("VRAMCAP_TRACE", "/nonexistent-dir/t.jsonl")
+        .args(["init ctx 0 alloc 512m alloc 600m alloc 1m"])
+        .run();
+    out.ok();
+    assert_eq!(out.nth("alloc", 1).rc(), 2);
+    assert_eq!(out.nth("alloc", 2).rc(), 0);
+    let lines: Vec<_> = out.stderr.lines().filter(|l| l.contains("VRAMCAP_TRACE")).collect();
+    assert_eq!(lines.len(), 1, "{}", out.stderr);
+    assert!(lines[0].contains("/nonexistent-dir/t.jsonl") && lines[0].contains("cap still applies"));
+}
+
+#[test]
+fn sixteen_threads_give_consecutive_sequence_numbers() {
+    let dir = tmpdir("mt");
+    let path = dir.join("t.jsonl");
+    let out = Run::client("client_procaddr")
+        .env("VRAMCAP_LIMIT", "15g")
+        .env("VRAMCAP_TRACE", &path)
+        .args(["init ctx 0 threads 16 20000 1m 3"])
+        .run();
+    out.ok();
+    let t = read_trace(&path);
+    let s = t.last().unwrap();
+    assert_eq!(s["type"], "summary");
+    let dropped = s["dropped"].as_u64().unwrap();
+    let total = s["events"].as_u64().unwrap();
+    let mut seqs: Vec<u64> = events(&t).iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs.len() as u64 + dropped, total);
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(seqs.len() as u64 + dropped, total, "duplicate sequence numbers");
+    if dropped == 0 {
+        assert_eq!(*seqs.last().unwrap(), total - 1, "gaps without drops");
+    }
+    let tids: std::collections::BTreeSet<u64> = events(&t).iter().map(|e| e["tid"].as_u64().unwrap()).collect();
+    // Thread ids can be reused by threads created after others finished: at least several.
+    assert!(tids.len() >= 4, "{tids:?}");
+    assert_eq!(s["used"]["0"], 0);
+    // Sizes balance: everything allocated was freed.
+    let sum = |op: &str| events(&t).iter().filter(|e| e["op"] == op).map(|e| e["size"].as_u64().unwrap()).sum::<u64>();
+    if dropped == 0 {
+        assert_eq!(sum("alloc"), sum("free"));
+    }
+}
