@@ -11,29 +11,43 @@ use crate::config;
 use crate::ffi::*;
 use crate::hooks::import;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Returned when the driver lacks the function a wrapper stands for (we never guess an ABI).
 pub const MISSING_REAL: CUresult = 302; // CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Mode {
     /// `VRAMCAP_DISABLE=1`: forward everything untouched.
-    PassThrough,
+    PassThrough = 1,
     /// Normal operation: count and cap.
-    Enforce,
+    Enforce = 2,
     /// The configuration is invalid: hand out no device memory at all.
-    FailClosed,
+    FailClosed = 3,
 }
+
+/// The mode, cached in one byte (0: not yet known): every wrapper asks, so this is one load.
+static MODE: AtomicU8 = AtomicU8::new(0);
 
 #[inline]
 pub fn mode() -> Mode {
-    let c = config::get();
-    if c.error.is_some() {
-        Mode::FailClosed
-    } else if c.disabled {
-        Mode::PassThrough
-    } else {
-        Mode::Enforce
+    match MODE.load(Ordering::Relaxed) {
+        1 => Mode::PassThrough,
+        2 => Mode::Enforce,
+        3 => Mode::FailClosed,
+        _ => {
+            let c = config::get();
+            let m = if c.error.is_some() {
+                Mode::FailClosed
+            } else if c.disabled {
+                Mode::PassThrough
+            } else {
+                Mode::Enforce
+            };
+            MODE.store(m as u8, Ordering::Relaxed);
+            m
+        }
     }
 }
 
