@@ -28,6 +28,8 @@ static BUDGETS: [Budget; MAX_DEVICES] = [const {
 pub struct Denied {
     pub used: u64,
     pub limit: u64,
+    /// The group's budget refused (`used`/`limit` are the group's), not the process's.
+    pub group: bool,
 }
 
 static TOTALS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
@@ -74,16 +76,39 @@ pub fn peak(dev: usize) -> u64 {
     BUDGETS.get(dev).map_or(0, |b| b.peak.load(Ordering::Acquire))
 }
 
-/// Charges `size` bytes to `dev` if that keeps it within its limit.
+/// Charges `size` bytes to `dev` if that keeps it within the process's limit and then within
+/// its group's (one CAS each; the first is rolled back if the second refuses).
 #[inline]
 pub fn reserve(dev: usize, size: u64) -> Result<(), Denied> {
+    reserve_local(dev, size)?;
+    if crate::group::active()
+        && let Err(d) = crate::group::reserve(dev, size)
+    {
+        release_local(dev, size);
+        return Err(d);
+    }
+    Ok(())
+}
+
+/// Gives back a charge (a free, or a reservation whose driver call failed), to the process and
+/// to its group.
+#[inline]
+pub fn release(dev: usize, size: u64) {
+    release_local(dev, size);
+    if crate::group::active() {
+        crate::group::release(dev, size);
+    }
+}
+
+#[inline]
+fn reserve_local(dev: usize, size: u64) -> Result<(), Denied> {
     let Some(b) = BUDGETS.get(dev) else { return Ok(()) };
     let limit = b.limit.load(Ordering::Acquire);
     let mut cur = b.used.load(Ordering::Relaxed);
     loop {
         let next = match cur.checked_add(size) {
             Some(n) if n <= limit => n,
-            _ => return Err(Denied { used: cur, limit }),
+            _ => return Err(Denied { used: cur, limit, group: false }),
         };
         match b.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
             Ok(_) => return Ok(()),
@@ -92,9 +117,8 @@ pub fn reserve(dev: usize, size: u64) -> Result<(), Denied> {
     }
 }
 
-/// Gives back a charge (a free, or a reservation whose driver call failed).
 #[inline]
-pub fn release(dev: usize, size: u64) {
+fn release_local(dev: usize, size: u64) {
     if let Some(b) = BUDGETS.get(dev) {
         // Never wrap below zero, even if a caller double-releases through a bug of ours.
         let mut cur = b.used.load(Ordering::Relaxed);
@@ -258,7 +282,7 @@ mod tests {
         let d = 40;
         set_limit(d, 100);
         assert!(reserve(d, 60).is_ok());
-        assert_eq!(reserve(d, 41), Err(Denied { used: 60, limit: 100 }));
+        assert_eq!(reserve(d, 41), Err(Denied { used: 60, limit: 100, group: false }));
         assert!(reserve(d, 40).is_ok());
         assert_eq!(used(d), 100);
         release(d, 100);

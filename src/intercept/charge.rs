@@ -44,7 +44,8 @@ fn plan(api: Hook, target: Target, size: u64) -> Plan {
     match ledger::reserve(dev, size) {
         Ok(()) => Plan::Charged(dev),
         Err(d) => {
-            crate::log::denied(crate::hooks::info(api).name, dev, size, d.used, d.limit);
+            let scope = if d.group { crate::group::name() } else { None };
+            crate::log::denied_in(crate::hooks::info(api).name, dev, size, d.used, d.limit, scope);
             Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, d.used)
         }
     }

@@ -30,16 +30,16 @@ pub unsafe fn free_v1(ptr: CUdeviceptr_v1) -> CUresult {
     charge::free(Hook::cuMemFree, Kind::DevicePtr, ptr as u64, || unsafe { f(ptr) })
 }
 
-/// The capped view of one device: total = min(limit, physical),
-/// free = min(physical free, total − used). Never above physical, never negative.
+/// The capped view of one device: for each cap that applies (the process's, the group's),
+/// total = min(limit, physical) and free = min(physical free, total − used); the view is the
+/// tightest of them. Never above physical, never negative. In group mode free is what the group
+/// has left.
 pub fn virtual_info(dev: usize, phys_free: u64, phys_total: u64) -> (u64, u64) {
-    match ledger::limit(dev) {
-        None => (phys_free, phys_total),
-        Some(limit) => {
-            let total = limit.min(phys_total);
-            (phys_free.min(total.saturating_sub(ledger::used(dev))), total)
-        }
-    }
+    let own = ledger::limit(dev).map(|l| (l, ledger::used(dev)));
+    [own, crate::group::view(dev)].into_iter().flatten().fold((phys_free, phys_total), |(free, total), (l, used)| {
+        let t = l.min(phys_total);
+        (free.min(t.saturating_sub(used)), total.min(t))
+    })
 }
 
 /// Calls the real `cuMemGetInfo` with the caller's pointers (so NULLs get the driver's own
@@ -109,7 +109,8 @@ fn capped_total(dev: CUdevice, physical: u64) -> u64 {
     if dev < 0 || ensure_limits().is_err() {
         return physical;
     }
-    ledger::limit(dev as usize).map_or(physical, |l| l.min(physical))
+    let group = crate::group::view(dev as usize).map(|(l, _)| l);
+    [ledger::limit(dev as usize), group].into_iter().flatten().fold(physical, u64::min)
 }
 
 pub unsafe fn total_mem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
