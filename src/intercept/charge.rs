@@ -40,7 +40,12 @@ fn plan(api: Hook, target: Target, size: u64) -> Plan {
             None => return Plan::Forward,
         },
     };
-    match ledger::reserve(dev, size) {
+    // A pool may have given memory back since we last looked (a synchronize we did not see):
+    // re-read before refusing.
+    match ledger::reserve(dev, size).or_else(|_| {
+        super::pool::refresh_device(dev);
+        ledger::reserve(dev, size)
+    }) {
         Ok(()) => Plan::Charged(dev),
         Err(d) => {
             crate::log::denied(crate::hooks::info(api).name, dev, size, d.used, d.limit);
@@ -71,6 +76,21 @@ pub fn alloc(
     call: impl FnOnce() -> CUresult,
     read_key: impl FnOnce() -> u64,
 ) -> CUresult {
+    alloc_settled(api, kind, target, size, call, || (read_key(), size))
+}
+
+/// Like [`alloc`] when the driver decides the real size (a pitched allocation): reserve `bound`,
+/// a safe upper bound, before the call; after success `read` gives the key and the bytes really
+/// committed, and the charge is settled to them.
+pub fn alloc_settled(
+    api: Hook,
+    kind: Kind,
+    target: Target,
+    bound: u64,
+    call: impl FnOnce() -> CUresult,
+    read: impl FnOnce() -> (u64, u64),
+) -> CUresult {
+    let size = bound;
     match mode() {
         Mode::PassThrough => return call(),
         Mode::FailClosed => return CUDA_ERROR_NOT_PERMITTED,
@@ -93,14 +113,20 @@ pub fn alloc(
             let (rc, dur) = timed(call);
             guarded((), || {
                 if rc == CUDA_SUCCESS {
-                    let key = read_key();
+                    let (key, real) = read();
+                    if real > size {
+                        ledger::charge(dev, real - size);
+                    } else {
+                        ledger::release(dev, size - real);
+                    }
                     ledger::note_peak(dev);
+                    let charge = Charge { dev: dev as u16, size: real, ctx: super::current_context() };
                     // An entry already under this key is an allocation whose free we never saw:
                     // the driver has reused the address, so that charge is gone.
-                    if let Some(stale) = ledger::insert(kind, key, Charge { dev: dev as u16, size }) {
+                    if let Some(stale) = ledger::insert(kind, key, charge) {
                         ledger::release(stale.dev as usize, stale.size);
                     }
-                    emit(Op::Alloc, api, dev as i32, key, size, rc, dur, ledger::used(dev));
+                    emit(Op::Alloc, api, dev as i32, key, real, rc, dur, ledger::used(dev));
                 } else {
                     ledger::release(dev, size);
                     emit(Op::Fail, api, dev as i32, 0, size, rc, dur, ledger::used(dev));

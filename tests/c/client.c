@@ -21,6 +21,7 @@
  *   threads T N MAX SEED -> threads ok=A oom=O other=E
  *   bench N SIZE         -> bench ns_per_pair=X errors=E
  *   sleep MS             -> sleep ok
+ *   (pitch, managed, VMM, pools, arrays, contexts, host memory: see client_ops.c)
  * SIZE: integer with optional k/m/g/t suffix (binary; "i", "b", "ib" allowed).
  * Slots number every alloc/alloc1 from 0, failed ones included (ptr 0).
  * Bad usage: message on stderr, exit status 2.
@@ -115,6 +116,10 @@ static long parse_long(const char *s)
         die("bad integer '%s'", s);
     return v;
 }
+
+static size_t new_slot(unsigned long long p);
+static unsigned long long slot_ptr(const char *s);
+static unsigned long long new_slot_ull(unsigned long long p) { return new_slot(p); }
 
 static size_t new_slot(unsigned long long p)
 {
@@ -390,7 +395,10 @@ int client_run(const struct cu_api *api, int argc, char **argv)
             nanosleep(&ts, NULL);
             out("sleep ok");
         } else {
-            die("unknown op '%s'", op);
+            int used = client_extra_op(A, op, argc - i - 1, argv + i + 1, new_slot_ull, slot_ptr);
+            if (used < 0)
+                die("unknown op '%s'", op);
+            i += used;
         }
 #undef ARG
     }
