@@ -168,6 +168,14 @@ fn reserve_after_reclaim(s: &Shared, slot: usize, e: usize, size: u64) -> Result
     s.charge(slot, e, size).map_err(|o| Denied { used: o.used, limit: o.limit, group: true })
 }
 
+/// The group step of `ledger::charge` (memory the driver already handed out).
+pub fn charge(dev: usize, size: u64) {
+    let (Some(s), Some(e)) = (shared(), entry(dev)) else { return };
+    if let Some(slot) = my_slot(s) {
+        s.charge_unchecked(slot, e, size);
+    }
+}
+
 /// The group step of a release.
 #[inline]
 pub fn release(dev: usize, size: u64) {

@@ -216,6 +216,16 @@ impl Shared {
         Ok(())
     }
 
+    /// Charges memory the driver already handed out (see `ledger::charge`): no limit check.
+    pub fn charge_unchecked(&self, slot: usize, e: usize, size: u64) {
+        let next = self.devices[e].used.fetch_add(size, AcqRel).saturating_add(size);
+        self.slots[slot].charge[e].fetch_add(size, AcqRel);
+        let d = &self.devices[e];
+        if next > d.peak.load(Relaxed) {
+            d.peak.fetch_max(next, Relaxed);
+        }
+    }
+
     /// Gives back up to `size` of what `slot` holds on `e`; returns what was given back. Never
     /// more than the slot holds, so `used` stays ≥ the sum of the slots even for charges made
     /// under another identity (e.g. inherited across fork).

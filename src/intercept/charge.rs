@@ -41,7 +41,12 @@ fn plan(api: Hook, target: Target, size: u64) -> Plan {
             None => return Plan::Forward,
         },
     };
-    match ledger::reserve(dev, size) {
+    // A pool may have given memory back since we last looked (a synchronize we did not see):
+    // re-read before refusing.
+    match ledger::reserve(dev, size).or_else(|_| {
+        super::pool::refresh_device(dev);
+        ledger::reserve(dev, size)
+    }) {
         Ok(()) => Plan::Charged(dev),
         Err(d) => {
             let scope = if d.group { crate::group::name() } else { None };
@@ -58,6 +63,13 @@ pub struct Timed {
     pub rc: CUresult,
     pub dur: u64,
     pub at: u64,
+}
+
+impl Timed {
+    /// An event that involved no driver call (a denial, a release found at synchronize).
+    pub fn instant(rc: CUresult) -> Timed {
+        Timed { rc, dur: 0, at: 0 }
+    }
 }
 
 #[inline]
@@ -82,6 +94,21 @@ pub fn alloc(
     call: impl FnOnce() -> CUresult,
     read_key: impl FnOnce() -> u64,
 ) -> CUresult {
+    alloc_settled(api, kind, target, size, call, || (read_key(), size))
+}
+
+/// Like [`alloc`] when the driver decides the real size (a pitched allocation): reserve `bound`,
+/// a safe upper bound, before the call; after success `read` gives the key and the bytes really
+/// committed, and the charge is settled to them.
+pub fn alloc_settled(
+    api: Hook,
+    kind: Kind,
+    target: Target,
+    bound: u64,
+    call: impl FnOnce() -> CUresult,
+    read: impl FnOnce() -> (u64, u64),
+) -> CUresult {
+    let size = bound;
     match mode() {
         Mode::PassThrough => return call(),
         Mode::FailClosed => return CUDA_ERROR_NOT_PERMITTED,
@@ -104,14 +131,20 @@ pub fn alloc(
             let t = timed(call);
             guarded((), || {
                 if t.rc == CUDA_SUCCESS {
-                    let key = read_key();
+                    let (key, real) = read();
+                    if real > size {
+                        ledger::charge(dev, real - size);
+                    } else {
+                        ledger::release(dev, size - real);
+                    }
                     ledger::note_peak(dev);
+                    let charge = Charge { dev: dev as u16, size: real, ctx: super::current_context() };
                     // An entry already under this key is an allocation whose free we never saw:
                     // the driver has reused the address, so that charge is gone.
-                    if let Some(stale) = ledger::insert(kind, key, Charge { dev: dev as u16, size }) {
+                    if let Some(stale) = ledger::insert(kind, key, charge) {
                         ledger::release(stale.dev as usize, stale.size);
                     }
-                    emit(Op::Alloc, api, dev as i32, key, size, t, ledger::used(dev));
+                    emit(Op::Alloc, api, dev as i32, key, real, t, ledger::used(dev));
                 } else {
                     ledger::release(dev, size);
                     emit(Op::Fail, api, dev as i32, 0, size, t, ledger::used(dev));

@@ -2,10 +2,16 @@
 //! the ledger), call the real driver exactly once outside any `catch_unwind`, then record. A panic
 //! in bookkeeping is contained by [`guarded`] and can never repeat or skip the driver call.
 
+pub mod arrays;
 pub mod charge;
+pub mod context;
+pub mod host;
 pub mod init;
 pub mod mem;
+pub mod nvml;
+pub mod pool;
 pub mod procaddr;
+pub mod vmm;
 
 use crate::config;
 use crate::ffi::*;
@@ -63,4 +69,11 @@ pub fn current_device() -> Option<usize> {
     let mut dev: CUdevice = -1;
     let rc = unsafe { f(&mut dev) };
     (rc == CUDA_SUCCESS && dev >= 0).then_some(dev as usize)
+}
+
+/// The calling thread's current context as an integer (0 when none): what a charge is tied to.
+pub fn current_context() -> u64 {
+    let Some(f) = import::cuCtxGetCurrent() else { return 0 };
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    if unsafe { f(&mut ctx) } == CUDA_SUCCESS { ctx as u64 } else { 0 }
 }

@@ -25,6 +25,7 @@
  *                           (CLOCK_MONOTONIC ns: t0 after cuMemAlloc_v2 returned, t1 before
  *                           cuMemFree_v2 is called; the memory is certainly held in between),
  *                           then record ok=A oom=O other=E. Sizes 1..MAX, holds 0..HOLD_US.
+ *   (pitch, managed, VMM, pools, arrays, contexts, host memory: see client_ops.c)
  * SIZE: integer with optional k/m/g/t suffix (binary; "i", "b", "ib" allowed).
  * Slots number every alloc/alloc1 from 0, failed ones included (ptr 0).
  * Bad usage: message on stderr, exit status 2.
@@ -119,6 +120,10 @@ static long parse_long(const char *s)
         die("bad integer '%s'", s);
     return v;
 }
+
+static size_t new_slot(unsigned long long p);
+static unsigned long long slot_ptr(const char *s);
+static unsigned long long new_slot_ull(unsigned long long p) { return new_slot(p); }
 
 static size_t new_slot(unsigned long long p)
 {
@@ -457,8 +462,13 @@ int client_run(const struct cu_api *api, int argc, char **argv)
             struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
             nanosleep(&ts, NULL);
             out("sleep ok");
-        } else if (!client_lifecycle_op(op, &i, argc, argv)) {
-            die("unknown op '%s'", op);
+        } else if (client_lifecycle_op(op, &i, argc, argv)) {
+            /* handled in ops_lifecycle.c */
+        } else {
+            int used = client_extra_op(A, op, argc - i - 1, argv + i + 1, new_slot_ull, slot_ptr);
+            if (used < 0)
+                die("unknown op '%s'", op);
+            i += used;
         }
 #undef ARG
     }
