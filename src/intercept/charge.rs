@@ -4,7 +4,7 @@
 //! how big the request is, which device it is for and where the result lands.
 
 use super::init::ensure_limits;
-use super::{Mode, current_device, guarded, mode};
+use super::{Mode, current, guarded, mode};
 use crate::clock;
 use crate::events::{self, Event, Op};
 use crate::ffi::*;
@@ -22,8 +22,8 @@ pub enum Target {
 
 /// What to do with a request, decided before the driver is called.
 enum Plan {
-    /// Charged to this device; commit or roll back after the call.
-    Charged(usize),
+    /// Charged to this device (made in this context); commit or roll back after the call.
+    Charged(usize, u64),
     /// Refused: return this code without calling the driver.
     Deny(CUresult, i32, u64),
     /// Not ours to count (no current context: the driver will say so itself).
@@ -34,10 +34,10 @@ fn plan(api: Hook, target: Target, size: u64) -> Plan {
     if let Err(e) = ensure_limits() {
         return Plan::Deny(e.code(), -1, 0);
     }
-    let dev = match target {
-        Target::Device(d) => d,
-        Target::CurrentContext => match current_device() {
-            Some(d) => d,
+    let (dev, ctx) = match target {
+        Target::Device(d) => (d, super::current_context()),
+        Target::CurrentContext => match current() {
+            Some(c) => c,
             None => return Plan::Forward,
         },
     };
@@ -47,7 +47,7 @@ fn plan(api: Hook, target: Target, size: u64) -> Plan {
         super::pool::refresh_device(dev);
         ledger::reserve(dev, size)
     }) {
-        Ok(()) => Plan::Charged(dev),
+        Ok(()) => Plan::Charged(dev, ctx),
         Err(d) => {
             let scope = if d.group { crate::group::name() } else { None };
             crate::log::denied_in(crate::hooks::info(api).name, dev, size, d.used, d.limit, scope);
@@ -127,18 +127,18 @@ pub fn alloc_settled(
             }
             t.rc
         }
-        Plan::Charged(dev) => {
+        Plan::Charged(dev, ctx) => {
             let t = timed(call);
             guarded((), || {
                 if t.rc == CUDA_SUCCESS {
                     let (key, real) = read();
                     if real > size {
                         ledger::charge(dev, real - size);
-                    } else {
+                    } else if real < size {
                         ledger::release(dev, size - real);
                     }
                     ledger::note_peak(dev);
-                    let charge = Charge { dev: dev as u16, size: real, ctx: super::current_context() };
+                    let charge = Charge { dev: dev as u16, size: real, ctx };
                     // An entry already under this key is an allocation whose free we never saw:
                     // the driver has reused the address, so that charge is gone.
                     if let Some(stale) = ledger::insert(kind, key, charge) {

@@ -25,8 +25,12 @@ fn release_context(api: Hook, ctx: u64) {
 
 unsafe fn destroy(api: Hook, f: unsafe extern "C" fn(CUcontext) -> CUresult, ctx: CUcontext) -> CUresult {
     let rc = unsafe { f(ctx) };
-    if rc == CUDA_SUCCESS && mode() == Mode::Enforce {
-        guarded((), || release_context(api, ctx as u64));
+    if rc == CUDA_SUCCESS {
+        // The address may come back as another device's context.
+        super::contexts_changed();
+        if mode() == Mode::Enforce {
+            guarded((), || release_context(api, ctx as u64));
+        }
     }
     rc
 }
