@@ -104,7 +104,7 @@ impl Merged {
     pub fn warn_input(&self) {
         for r in &self.readers {
             match &r.summary {
-                None => eprintln!("vramcap: {}: no summary line (the process was killed or is still running); read up to the last complete line", r.path.display()),
+                None if r.at_end => eprintln!("vramcap: {}: no summary line (the process was killed or is still running); read up to the last complete line", r.path.display()),
                 Some(s) if s.dropped > 0 => eprintln!("vramcap: {}: the writer dropped {} events; counts are lower bounds", r.path.display(), s.dropped),
                 _ => {}
             }

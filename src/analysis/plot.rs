@@ -127,7 +127,15 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &Path) -> Result<(), Box<dyn std
     let root = root.titled(&title, ("sans-serif", 22))?;
     let areas = root.split_evenly((panels, 1));
     let n = (last_t / g.width) as usize + 1;
-    let secs = |b: usize| (b as u64 * g.width) as f64 / 1e9;
+    // Axis unit chosen so tick labels stay distinct for short traces too.
+    let span_ns = n as u64 * g.width;
+    let (unit_ns, unit) = match span_ns {
+        s if s < 10_000 => (1.0, "ns"),
+        s if s < 10_000_000 => (1e3, "us"),
+        s if s < 10_000_000_000 => (1e6, "ms"),
+        _ => (1e9, "s"),
+    };
+    let secs = |b: usize| (b as u64 * g.width) as f64 / unit_ns;
     let xmax = secs(n).max(1e-6);
     for (area, &dev) in areas.iter().zip(devs.iter()) {
         let ks: Vec<usize> = (0..g.series.len()).filter(|&k| g.series[k].dev == dev).collect();
@@ -154,12 +162,13 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &Path) -> Result<(), Box<dyn std
             .x_label_area_size(40)
             .y_label_area_size(70)
             .build_cartesian_2d(0f64..xmax, 0f64..ymax)?;
-        chart.configure_mesh().x_desc("seconds since the first trace start").y_desc("GiB charged").draw()?;
+        chart.configure_mesh().x_desc(format!("{unit} since the first trace start")).y_desc("GiB charged").draw()?;
         // Draw the tallest layer first so each lower layer paints over it.
         for (j, &k) in ks.iter().enumerate().rev() {
             let color = Palette99::pick(g.series[k].proc_idx);
             let h = &m.readers[g.series[k].proc_idx].header;
-            let pts: Vec<(f64, f64)> = stacked[j].iter().enumerate().map(|(b, v)| (secs(b), *v as f64 / GIB)).collect();
+            // Steps, not slopes: each bucket holds its value for its whole width.
+            let pts: Vec<(f64, f64)> = stacked[j].iter().enumerate().flat_map(|(b, v)| [(secs(b), *v as f64 / GIB), (secs(b + 1), *v as f64 / GIB)]).collect();
             chart
                 .draw_series(AreaSeries::new(pts, 0.0, color.mix(0.45)).border_style(color.stroke_width(1)))?
                 .label(format!("pid {} ({})", h.pid, clean(&h.exe)))
@@ -181,7 +190,7 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &Path) -> Result<(), Box<dyn std
             .filter_map(|&(t, k)| {
                 let j = ks.iter().position(|&x| x == k)?;
                 let b = ((t / g.width) as usize).min(n - 1);
-                Some((t as f64 / 1e9, stacked[j][b] as f64 / GIB))
+                Some((t as f64 / unit_ns, stacked[j][b] as f64 / GIB))
             })
             .collect();
         if !marks.is_empty() {

@@ -124,6 +124,8 @@ pub struct TraceReader {
     line_no: u64,
     /// Bytes consumed so far (for progress bars).
     pub bytes_read: u64,
+    /// The whole file was read (a missing summary then means the process did not finish).
+    pub at_end: bool,
 }
 
 /// The slow path for event lines the scanner declines (escapes, nested unknown fields).
@@ -271,6 +273,7 @@ impl TraceReader {
             buf: Vec::with_capacity(512),
             line_no: 0,
             bytes_read: 0,
+            at_end: false,
         };
         loop {
             match r.next_line(names, skips)? {
@@ -299,6 +302,7 @@ impl TraceReader {
             self.buf.clear();
             let n = self.reader.read_until(b'\n', &mut self.buf).map_err(|e| format!("{}: read error: {e}", self.path.display()))?;
             if n == 0 {
+                self.at_end = true;
                 return Ok(None);
             }
             self.bytes_read += n as u64;
