@@ -55,3 +55,19 @@ fn bad_limit_is_a_clear_error() {
     let out = vramcap(&["replay", "--limit", "4g", "--stagger", "1s,2s,3s", &data("job_rank0.jsonl")]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--stagger has 3 offsets for 1 traces"));
 }
+
+#[test]
+fn events_without_a_device_do_not_need_a_device_total() {
+    // A failed free of an unknown pointer has dev -1; a percentage limit must still work.
+    let dir = scratch("nodev");
+    let f = dir.join("t.jsonl");
+    let golden = std::fs::read_to_string(data("job_rank0.jsonl")).unwrap();
+    let extra = r#"{"type":"event","seq":8,"t_ns":8500,"tid":1,"op":"fail","api":"cuMemFree_v2","dev":-1,"ptr":"0x1234","size":0,"result":1,"dur_ns":5,"used":0}"#;
+    let mut lines: Vec<&str> = golden.lines().collect();
+    lines.insert(lines.len() - 1, extra);
+    std::fs::write(&f, lines.join("\n") + "\n").unwrap();
+    let r = json(&["replay", "--json", "--limit", "25%", f.to_str().unwrap()]);
+    assert_eq!(r["fits"], true);
+    assert_eq!(r["peak"]["0"].as_u64(), Some(3 * GIB));
+    assert!(r["peak"].get("-1").is_none());
+}

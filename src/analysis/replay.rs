@@ -42,6 +42,10 @@ pub fn run(spec: &str, paths: &[PathBuf], stagger: &[u64], json_out: bool) -> Re
         if e.op == Op::Deny {
             denied_in_trace += 1;
         }
+        if e.dev < 0 {
+            // No device charge (e.g. a failed free of an unknown pointer).
+            continue;
+        }
         let k = match devs.iter().position(|d| d.index == e.dev) {
             Some(k) => k,
             None => {
