@@ -6,6 +6,7 @@
 mod size;
 
 mod analysis;
+mod cli;
 
 use analysis::merge::parse_duration;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -76,6 +77,12 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Run a command under vramcap: sets LD_PRELOAD and the variables, forwards signals, exits with its code.
+    Run(cli::run::RunArgs),
+    /// The whole product on the built-in fake GPU: a capped training-like job, its trace, report and plot.
+    Demo(cli::demo::DemoArgs),
+    /// Check this machine: library, driver, devices, limits, interception, sidecar.
+    Doctor(cli::doctor::DoctorArgs),
     /// Write a synthetic trace (benchmarks, tests).
     #[command(hide = true)]
     GenTrace {
@@ -131,6 +138,9 @@ fn main() {
             }
         }
         Cmd::Replay { limit, traces, stagger, json } => analysis::replay::run(&limit, &traces, &stagger, json),
+        Cmd::Run(a) => cli::run::main(a),
+        Cmd::Demo(a) => cli::demo::main(a),
+        Cmd::Doctor(a) => cli::doctor::main(a),
         Cmd::GenTrace { events, output, seed, pid, devices, limit, total, start_unix_ns } => {
             let o = analysis::synth::GenOpts { events, seed, pid, devices: devices.max(1), limit, total, start_unix_ns };
             analysis::synth::generate(&output, &o)

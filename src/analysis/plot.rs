@@ -20,8 +20,10 @@ struct Series {
     proc_idx: usize,
     dev: i32,
     used: u64,
-    /// Max usage per bucket; `None` = no event in that bucket (usage carried forward).
-    vals: Vec<Option<u64>>,
+    /// Per bucket: (max usage, usage after its last event); `None` = no event in that bucket.
+    /// Empty buckets carry the usage at the end of the last busy one, not its max: a peak that
+    /// came and went inside one bucket must not be drawn as lasting.
+    vals: Vec<Option<(u64, u64)>>,
 }
 
 struct Grid {
@@ -36,7 +38,14 @@ impl Grid {
     fn coarsen(&mut self) {
         self.width *= 2;
         for s in &mut self.series {
-            s.vals = s.vals.chunks(2).map(|c| c.iter().flatten().copied().max()).collect();
+            s.vals = s
+                .vals
+                .chunks(2)
+                .map(|c| {
+                    let max = c.iter().flatten().map(|v| v.0).max()?;
+                    Some((max, c.iter().flatten().last()?.1))
+                })
+                .collect();
         }
     }
 
@@ -51,19 +60,21 @@ impl Grid {
         }
         // The bucket also saw the usage before this event (from its start until now).
         let first = s.vals[b].is_none();
-        let m = s.vals[b].unwrap_or(0).max(after).max(if first { before } else { 0 });
-        s.vals[b] = Some(m);
+        let m = s.vals[b].map_or(0, |v| v.0).max(after).max(if first { before } else { 0 });
+        s.vals[b] = Some((m, after));
     }
 
-    /// Usage of series k per bucket for `n` buckets, carried forward through empty buckets.
+    /// Usage of series k per bucket for `n` buckets: a busy bucket's max, an empty bucket the
+    /// usage the last busy one ended with.
     fn filled(&self, k: usize, n: usize) -> Vec<u64> {
         let mut last = 0;
         (0..n)
-            .map(|b| {
-                if let Some(Some(v)) = self.series[k].vals.get(b) {
-                    last = *v;
+            .map(|b| match self.series[k].vals.get(b) {
+                Some(Some((max, end))) => {
+                    last = *end;
+                    *max
                 }
-                last
+                _ => last,
             })
             .collect()
     }
@@ -203,4 +214,21 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &Path) -> Result<(), Box<dyn std
     }
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peak_inside_one_bucket_is_not_carried_forward() {
+        let mut g = Grid { width: 10, series: Vec::new(), marks: Vec::new(), dropped_marks: 0 };
+        g.series.push(Series { proc_idx: 0, dev: 0, used: 0, vals: Vec::new() });
+        g.record(0, 1, 0, 100); // bucket 0: up to 100 ...
+        g.record(0, 5, 100, 20); // ... and back to 20
+        g.record(0, 35, 20, 30); // bucket 3
+        assert_eq!(g.filled(0, 5), vec![100, 20, 20, 30, 30]);
+        g.coarsen(); // [0,1] [2,3] [4]
+        assert_eq!(g.filled(0, 3), vec![100, 30, 30]);
+    }
 }

@@ -140,7 +140,12 @@ fn describe(e: &Entry) -> String {
         Some(DeviceKey::Ordinal(i)) => format!("{i}="),
         Some(DeviceKey::Uuid(u)) => format!("{u}="),
     };
-    format!("{key}{:?}", e.size)
+    let size = match e.size {
+        Size::Unlimited => "0".to_string(),
+        Size::Bytes(b) => b.to_string(),
+        Size::Percent(p) => format!("{p}%"),
+    };
+    format!("{key}{size}")
 }
 
 fn is_family(k: &str, family: &str) -> bool {

@@ -40,3 +40,49 @@ pub fn python(script: &str, args: &[&str]) -> String {
     assert!(out.status.success(), "python failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// `vramcap ARGS` with none of the developer's vramcap/fake-driver variables or preloads, and
+/// the fake driver on the loader path (the front-door tests: run, demo, doctor).
+pub fn clean_vramcap(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_vramcap"));
+    clean_env(&mut c);
+    c.args(args);
+    c
+}
+
+pub fn clean_env(c: &mut Command) {
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().to_string();
+        if k.starts_with("VRAMCAP_") || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT") || k.starts_with("FAKECUDA_") || k == "LD_PRELOAD" {
+            c.env_remove(&k);
+        }
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    c.env("LD_LIBRARY_PATH", root.join("target/cuda-shim"));
+}
+
+/// A copy of the vramcap binary alone in a fresh directory: no library, no source tree near it.
+pub fn lonely_binary(test: &str) -> PathBuf {
+    let d = scratch(test).join("bin");
+    std::fs::create_dir_all(&d).unwrap();
+    let exe = d.join("vramcap");
+    std::fs::copy(env!("CARGO_BIN_EXE_vramcap"), &exe).unwrap();
+    exe
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Runs a freshly copied binary. Another test thread forking while the copy's file was open for
+/// writing leaves the child a writable descriptor until it execs: exec then fails with ETXTBSY
+/// for a moment, so retry briefly.
+pub fn output_of_copy(c: &mut Command) -> Output {
+    for _ in 0..100 {
+        match c.output() {
+            Err(e) if e.raw_os_error() == Some(26) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            r => return r.expect("run the copied vramcap"),
+        }
+    }
+    panic!("the copied binary stayed busy (ETXTBSY)");
+}

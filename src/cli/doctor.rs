@@ -1,0 +1,318 @@
+//! `vramcap doctor`: is this machine set up to cap and trace CUDA jobs? One line per check, OK
+//! or FAIL with a fix (`--` for information); exit 1 if anything is broken.
+//!
+//! Everything that loads the driver runs in a child (`vramcap doctor --probe ...`, see probe.rs):
+//! a driver that crashes or hangs cannot take the doctor with it, and the interception self-test
+//! needs a process started under `LD_PRELOAD`.
+
+use super::probe::{self, Probe};
+use super::{clear_vramcap_env, group, limits, preload_library, size::human};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct DoctorArgs {
+    /// Internal: run one probe in this process and print key=value lines.
+    #[arg(long, hide = true, value_name = "driver|intercept")]
+    pub probe: Option<String>,
+}
+
+/// The cap the self-test sets: small enough that "over the cap" is a tiny request on any GPU.
+const TEST_CAP: u64 = 64 << 20;
+const PROBE_TIMEOUT: Duration = Duration::from_secs(90);
+
+#[derive(Default)]
+struct Checks {
+    failed: usize,
+}
+
+impl Checks {
+    fn line(&mut self, state: &str, what: &str, msg: &str, fix: Option<&str>) {
+        println!("  {state:<5} {what:<11} {msg}");
+        if let Some(f) = fix {
+            let label = if state == "FAIL" { "fix" } else { "hint" };
+            println!("        {:<11} {label}: {f}", "");
+        }
+        if state == "FAIL" {
+            self.failed += 1;
+        }
+    }
+    fn ok(&mut self, what: &str, msg: &str) {
+        self.line("OK", what, msg, None);
+    }
+    fn info(&mut self, what: &str, msg: &str, hint: Option<&str>) {
+        self.line("--", what, msg, hint);
+    }
+    fn fail(&mut self, what: &str, msg: &str, fix: &str) {
+        self.line("FAIL", what, msg, Some(fix));
+    }
+}
+
+/// Runs `vramcap doctor --probe KIND` with a clean vramcap environment plus `env`.
+fn run_probe(kind: &str, preload: Option<&Path>, env: &[(&str, String)]) -> Result<Probe, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["doctor", "--probe", kind]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    clear_vramcap_env(&mut cmd);
+    // The user's driver choice and the fake's settings still apply: they describe this machine.
+    for (k, v) in std::env::vars() {
+        if k == "VRAMCAP_REAL_LIBCUDA" || k.starts_with("FAKECUDA_") {
+            cmd.env(k, v);
+        }
+    }
+    match preload {
+        Some(l) => cmd.env("LD_PRELOAD", l),
+        None => cmd.env_remove("LD_PRELOAD"),
+    };
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start the probe: {e}"))?;
+    let deadline = Instant::now() + PROBE_TIMEOUT;
+    loop {
+        if child.try_wait().map_err(|e| e.to_string())?.is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("the probe did not finish in {}s (driver hung?)", PROBE_TIMEOUT.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let p = Probe::parse(&String::from_utf8_lossy(&out.stdout), &String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() && p.get("error").is_none() {
+        return Err(format!(
+            "the probe ended with {} ({})",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("no message")
+        ));
+    }
+    Ok(p)
+}
+
+fn cuda_version(v: u64) -> String {
+    format!("CUDA {}.{}", v / 1000, (v % 1000) / 10)
+}
+
+pub fn main(a: DoctorArgs) -> Result<(), String> {
+    if let Some(kind) = a.probe {
+        std::process::exit(probe::run(&kind));
+    }
+    let mut c = Checks::default();
+    println!("vramcap doctor");
+
+    // 1. The preload library.
+    let lib = match preload_library() {
+        Ok(l) => {
+            c.ok("library", &l.display().to_string());
+            Some(l)
+        }
+        Err(e) => {
+            c.fail("library", &e, "cargo build --release, or scripts/install.sh --prefix PREFIX");
+            None
+        }
+    };
+
+    // 2. The driver, as the job would load it (no preload).
+    let driver = run_probe("driver", None, &[]);
+    let mut devices: Vec<limits::DeviceInfo> = Vec::new();
+    let driver_ok = match &driver {
+        Err(e) => {
+            c.fail("driver", e, "check the NVIDIA driver (nvidia-smi), or try `vramcap demo` on the fake GPU");
+            false
+        }
+        Ok(p) if p.get("error").is_some() => {
+            let which = p.get("lib").unwrap_or("libcuda.so.1");
+            let fix = if std::env::var_os("VRAMCAP_REAL_LIBCUDA").is_some() {
+                "point VRAMCAP_REAL_LIBCUDA at the driver (e.g. /usr/lib/x86_64-linux-gnu/libcuda.so.1) or unset it".to_string()
+            } else {
+                "install the NVIDIA driver (libcuda.so.1 must be on the loader path: ldconfig -p | grep libcuda), \
+                 or try `vramcap demo` on the fake GPU"
+                    .to_string()
+            };
+            c.fail("driver", &format!("{which}: {}", p.get("error").unwrap_or("")), &fix);
+            false
+        }
+        Ok(p) => {
+            let path = p.get("path").unwrap_or("?");
+            let real = std::fs::canonicalize(path).ok().filter(|r| r != Path::new(path));
+            let ver = p.num("version").map(cuda_version).unwrap_or_else(|| "version unknown".into());
+            let shown = match real {
+                Some(r) => format!("{path} -> {} ({ver})", r.display()),
+                None => format!("{path} ({ver})"),
+            };
+            match p.num("init") {
+                Some(0) => {
+                    c.ok("driver", &shown);
+                    true
+                }
+                rc => {
+                    c.fail(
+                        "driver",
+                        &format!("{shown}: cuInit failed ({})", probe::result_name(rc.unwrap_or(999))),
+                        "check nvidia-smi, CUDA_VISIBLE_DEVICES and the container's GPU access (--gpus all)",
+                    );
+                    false
+                }
+            }
+        }
+    };
+
+    // 3. Devices.
+    if driver_ok {
+        let p = driver.as_ref().unwrap();
+        for d in &p.devices {
+            devices.push(limits::DeviceInfo { total: d.total, uuid: d.uuid.clone() });
+        }
+        if devices.is_empty() {
+            c.fail("devices", "the driver sees no device", "check CUDA_VISIBLE_DEVICES and nvidia-smi");
+        }
+        for d in &p.devices {
+            c.ok("devices", &format!("GPU {} {}, {}, {}", d.index, d.name, human(d.total), d.uuid));
+        }
+    } else {
+        c.info("devices", "not checked (no working driver)", None);
+    }
+
+    // 4. The limits this environment gives a job.
+    check_limits(&mut c, &devices, driver_ok);
+
+    // 5. Interception through the runtime's path.
+    match (&lib, driver_ok) {
+        (Some(l), true) => self_test(&mut c, l),
+        _ => c.info("self-test", "not run (needs the library and a working driver)", None),
+    }
+
+    // 6. How jobs get the preload here, and the sidecar.
+    let preload = std::env::var("LD_PRELOAD").unwrap_or_default();
+    let system = std::fs::read_to_string("/etc/ld.so.preload").unwrap_or_default();
+    if preload.contains(super::LIB_NAME) {
+        c.ok("preload", &format!("LD_PRELOAD={preload}"));
+    } else if system.contains(super::LIB_NAME) {
+        c.ok("preload", "every process: /etc/ld.so.preload names libvramcap.so");
+    } else {
+        c.info("preload", "this environment does not preload vramcap", Some("use `vramcap run [--limit SPEC] -- CMD`, or LD_PRELOAD=/path/to/libvramcap.so"));
+    }
+    check_sidecar(&mut c);
+
+    if c.failed == 0 {
+        println!("all good");
+        Ok(())
+    } else {
+        println!("{} problem(s)", c.failed);
+        std::process::exit(1);
+    }
+}
+
+fn check_limits(c: &mut Checks, devices: &[limits::DeviceInfo], resolvable: bool) {
+    let vars = super::limit_vars_from_env();
+    if let Some((_, v)) = vars.iter().find(|(k, _)| k == "VRAMCAP_DISABLE") {
+        if matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on") {
+            c.info("limits", "VRAMCAP_DISABLE is set: the library passes everything through uncapped", None);
+        }
+    }
+    let (process, grp) = match group::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
+        Ok(x) => x,
+        Err(e) => {
+            let fix = format!("correct {} (the expected form is above) or unset it", e.var);
+            c.fail("limits", &format!("{e}. A job would fail to initialise CUDA with it"), &fix);
+            return;
+        }
+    };
+    let show = |spec: &limits::LimitSpec, label: &str, c: &mut Checks| {
+        let vars: Vec<String> = spec.entries.iter().map(|e| e.var.clone()).collect();
+        if !resolvable {
+            c.ok("limits", &format!("{label}: {} (parsed; devices unknown)", vars.join(", ")));
+            return;
+        }
+        match spec.resolve(devices) {
+            Ok(b) => {
+                let per: Vec<String> = b
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &x)| format!("GPU {i} {}", if x == 0 { "no cap".into() } else { human(x) }))
+                    .collect();
+                c.ok("limits", &format!("{label}: {}", per.join(", ")));
+            }
+            Err(e) => c.fail("limits", &e.to_string(), "use a device this machine has (vramcap doctor lists them)"),
+        }
+    };
+    if process.is_empty() && grp.is_none() {
+        c.info("limits", "no cap set: jobs would run uncapped (trace only)", Some("set VRAMCAP_LIMIT=8GiB (or vramcap run --limit 8GiB)"));
+    }
+    if !process.is_empty() {
+        show(&process, "per process", c);
+    }
+    if let Some(g) = grp {
+        let name = g.name.clone().unwrap_or_else(|| "the container's default group (HAMi)".into());
+        if g.limits.is_empty() {
+            c.ok("limits", &format!("group {name}: adopts the limit its first member set"));
+        } else {
+            show(&g.limits, &format!("group {name}"), c);
+        }
+        let dir = PathBuf::from(&g.dir);
+        let writable = std::ffi::CString::new(g.dir.clone())
+            .map(|p| unsafe { libc::access(p.as_ptr(), libc::W_OK) } == 0)
+            .unwrap_or(false);
+        if dir.is_dir() && writable {
+            c.ok("group dir", &g.dir);
+        } else {
+            c.fail("group dir", &format!("{} is not a writable directory", g.dir), "create it (shared by the group's processes) or set VRAMCAP_GROUP_DIR");
+        }
+    }
+}
+
+fn self_test(c: &mut Checks, lib: &Path) {
+    let what = "self-test";
+    let p = match run_probe("intercept", Some(lib), &[("VRAMCAP_LIMIT", format!("{TEST_CAP}"))]) {
+        Ok(p) => p,
+        Err(e) => return c.fail(what, &format!("under LD_PRELOAD: {e}"), "run with VRAMCAP_LOG=debug to see why"),
+    };
+    if let Some(e) = p.get("error") {
+        return c.fail(what, &format!("under LD_PRELOAD: {e}"), "run with VRAMCAP_LOG=debug to see why");
+    }
+    let from = p.get("alloc_from").unwrap_or("?");
+    let ours = Path::new(from).canonicalize().ok().as_deref() == Some(lib) || from.ends_with(super::LIB_NAME);
+    if !ours {
+        return c.fail(
+            what,
+            &format!("cuGetProcAddress_v2(\"cuMemAlloc\") returned a function of {from}, not of vramcap"),
+            "is another library preloaded before vramcap that wraps the driver? (LD_PRELOAD order)",
+        );
+    }
+    let total = p.num("info_total").unwrap_or(0);
+    let over = p.num("over_rc");
+    let under = p.num("under_rc");
+    if total != TEST_CAP || over != Some(2) || under != Some(0) {
+        return c.fail(
+            what,
+            &format!(
+                "cap not applied: with a {} test cap the device reported {} total, an over-cap allocation returned {}, a small one {}",
+                human(TEST_CAP),
+                human(total),
+                probe::result_name(over.unwrap_or(999)),
+                probe::result_name(under.unwrap_or(999))
+            ),
+            "run the probe with VRAMCAP_LOG=debug: vramcap doctor --probe intercept",
+        );
+    }
+    c.ok(what, &format!("cuGetProcAddress_v2 gave vramcap's cuMemAlloc_v2; a {} test cap showed in cuMemGetInfo and refused an over-cap allocation", human(TEST_CAP)));
+}
+
+fn check_sidecar(c: &mut Checks) {
+    let Some(path) = std::env::var_os("VRAMCAP_SIDECAR").filter(|p| !p.is_empty()) else {
+        return c.info("sidecar", "VRAMCAP_SIDECAR not set (optional: live events)", None);
+    };
+    let shown = path.to_string_lossy().into_owned();
+    match std::os::unix::net::UnixStream::connect(&path) {
+        Ok(_) => c.ok("sidecar", &format!("{shown} accepts connections")),
+        Err(e) => c.fail(
+            "sidecar",
+            &format!("VRAMCAP_SIDECAR={shown}: cannot connect ({e})"),
+            &format!("start it (vramcap sidecar --socket {shown}) or unset VRAMCAP_SIDECAR"),
+        ),
+    }
+}

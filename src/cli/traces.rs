@@ -1,0 +1,123 @@
+//! Finding the trace files a job wrote from its `VRAMCAP_TRACE` template: one file, or one per
+//! process with `%p` (`%t`, `%e`, `%h` too), plus `PATH.<pid>` files that forked children write
+//! when the template has no `%p` (src/trace/mod.rs decides those names).
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+#[derive(Debug, PartialEq)]
+enum Tok {
+    Lit(char),
+    /// `%p`, `%t`: one or more digits.
+    Digits,
+    /// `%e`, `%h`: one or more characters.
+    Any,
+}
+
+fn tokens(name: &str) -> Vec<Tok> {
+    let mut out = Vec::new();
+    let mut it = name.chars();
+    while let Some(c) = it.next() {
+        if c != '%' {
+            out.push(Tok::Lit(c));
+            continue;
+        }
+        match it.next() {
+            Some('p' | 't') => out.push(Tok::Digits),
+            Some('e' | 'h') => out.push(Tok::Any),
+            Some('%') => out.push(Tok::Lit('%')),
+            // The writer keeps an unknown placeholder as written.
+            Some(o) => {
+                out.push(Tok::Lit('%'));
+                out.push(Tok::Lit(o));
+            }
+            None => out.push(Tok::Lit('%')),
+        }
+    }
+    out
+}
+
+fn matches(t: &[Tok], s: &[char]) -> bool {
+    match t.first() {
+        None => s.is_empty(),
+        Some(Tok::Lit(c)) => s.first() == Some(c) && matches(&t[1..], &s[1..]),
+        Some(Tok::Digits) => {
+            (1..=s.len()).take_while(|&n| s[n - 1].is_ascii_digit()).any(|n| matches(&t[1..], &s[n..]))
+        }
+        Some(Tok::Any) => (1..=s.len()).any(|n| matches(&t[1..], &s[n..])),
+    }
+}
+
+/// Does the file name `name` come from the template's file name `tmpl` (or a forked child's
+/// `<name>.<pid>`)?
+pub fn name_matches(tmpl: &str, name: &str) -> bool {
+    let s: Vec<char> = name.chars().collect();
+    let mut t = tokens(tmpl);
+    if matches(&t, &s) {
+        return true;
+    }
+    t.push(Tok::Lit('.'));
+    t.push(Tok::Digits);
+    matches(&t, &s)
+}
+
+/// The trace files written for `template` and modified at or after `since`, sorted by name.
+pub fn find(template: &str, since: SystemTime) -> Result<Vec<PathBuf>, String> {
+    let path = Path::new(template);
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let Some(file) = path.file_name().and_then(|f| f.to_str()) else {
+        return Err(format!("trace path {template:?} has no file name"));
+    };
+    if dir.to_string_lossy().contains('%') {
+        return Err(format!(
+            "trace path {template:?}: placeholders are only looked up in the file name, not in directories"
+        ));
+    }
+    let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    // A little slack: file times may be coarser than the clock we compare them with.
+    let since = since.checked_sub(std::time::Duration::from_secs(2)).unwrap_or(since);
+    let mut out: Vec<PathBuf> = rd
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_str().is_some_and(|n| name_matches(file, n)))
+        .filter(|e| e.metadata().ok().and_then(|m| m.modified().ok()).is_some_and(|t| t >= since))
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_match_what_the_writer_expands() {
+        assert!(name_matches("t.jsonl", "t.jsonl"));
+        assert!(name_matches("t.jsonl", "t.jsonl.4242"), "forked child without %p");
+        assert!(!name_matches("t.jsonl", "t.jsonl.x"));
+        assert!(!name_matches("t.jsonl", "u.jsonl"));
+        assert!(name_matches("job-%p.jsonl", "job-17.jsonl"));
+        assert!(!name_matches("job-%p.jsonl", "job-.jsonl"));
+        assert!(!name_matches("job-%p.jsonl", "job-1a.jsonl"));
+        assert!(name_matches("%h-%e-%p.jsonl", "node-7-python3-12.jsonl"));
+        assert!(name_matches("%t_%p", "1764441600_99"));
+        assert!(name_matches("100%%-%p", "100%-5"));
+        assert!(!name_matches("100%%-%p", "100%%-5"));
+    }
+
+    #[test]
+    fn find_lists_fresh_matches_only() {
+        let d = std::env::temp_dir().join(format!("vramcap-traces-find-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        for n in ["r-1.jsonl", "r-22.jsonl", "other.jsonl"] {
+            std::fs::write(d.join(n), "").unwrap();
+        }
+        let t = d.join("r-%p.jsonl").to_string_lossy().into_owned();
+        let got = find(&t, SystemTime::now() - std::time::Duration::from_secs(60)).unwrap();
+        assert_eq!(got, vec![d.join("r-1.jsonl"), d.join("r-22.jsonl")]);
+        let later = find(&t, SystemTime::now() + std::time::Duration::from_secs(3600)).unwrap();
+        assert!(later.is_empty(), "files older than the run are not this run's");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

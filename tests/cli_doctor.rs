@@ -1,0 +1,112 @@
+//! `vramcap doctor` on the fake driver: a good setup is all OK (exit 0); a missing driver, a bad
+//! limit, a limit for a device that is not there, an unreachable sidecar are FAIL lines with a fix
+//! (exit 1).
+
+mod cli_support;
+mod common;
+use cli_support::*;
+
+fn doctor(env: &[(&str, &str)]) -> (Option<i32>, String) {
+    common::build_c();
+    let mut c = clean_vramcap(&["doctor"]);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    (out.status.code(), text(&out.stdout) + &text(&out.stderr))
+}
+
+/// The doctor's line for one check (first one if several).
+fn line<'a>(out: &'a str, what: &str) -> &'a str {
+    out.lines().find(|l| l.split_whitespace().nth(1) == Some(what)).unwrap_or_else(|| panic!("no {what} line in:\n{out}"))
+}
+
+fn state<'a>(out: &'a str, what: &str) -> &'a str {
+    line(out, what).split_whitespace().next().unwrap()
+}
+
+#[test]
+fn a_good_setup_is_all_ok() {
+    let (code, out) = doctor(&[("VRAMCAP_LIMIT", "4GiB"), ("FAKECUDA_DEVICE_COUNT", "2")]);
+    assert_eq!(code, Some(0), "{out}");
+    for what in ["library", "driver", "devices", "limits", "self-test"] {
+        assert_eq!(state(&out, what), "OK", "{what}:\n{out}");
+    }
+    assert!(line(&out, "driver").contains("target/cuda-shim/libcuda.so.1"), "names the driver file:\n{out}");
+    assert!(line(&out, "driver").contains("CUDA 13."), "driver version:\n{out}");
+    assert_eq!(out.lines().filter(|l| l.contains(" devices ") && l.contains("16.0 GiB")).count(), 2, "{out}");
+    assert!(line(&out, "limits").contains("GPU 0 4.0 GiB, GPU 1 4.0 GiB"), "{out}");
+    assert!(out.contains("all good"));
+}
+
+#[test]
+fn limits_resolve_against_the_devices() {
+    let (code, out) = doctor(&[("VRAMCAP_LIMIT", "25%"), ("VRAMCAP_LIMIT_1", "1g"), ("FAKECUDA_DEVICE_COUNT", "2"), ("FAKECUDA_MEM", "8g,16g")]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(line(&out, "limits").contains("GPU 0 2.0 GiB, GPU 1 1.0 GiB"), "{out}");
+}
+
+#[test]
+fn a_missing_driver_is_reported_with_a_fix() {
+    let (code, out) = doctor(&[("VRAMCAP_REAL_LIBCUDA", "/nonexistent/libcuda.so.1")]);
+    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(state(&out, "driver"), "FAIL");
+    assert!(line(&out, "driver").contains("/nonexistent/libcuda.so.1"), "{out}");
+    assert!(out.contains("fix: point VRAMCAP_REAL_LIBCUDA at the driver"), "{out}");
+    assert!(!out.contains("all good"));
+    // A library that loads but is no driver.
+    let not_a_driver = common::ctests_dir().join("libnextwrap.so");
+    let (code, out) = doctor(&[("VRAMCAP_REAL_LIBCUDA", &not_a_driver.to_string_lossy())]);
+    assert_eq!((code, state(&out, "driver")), (Some(1), "FAIL"), "{out}");
+    assert!(line(&out, "driver").contains("has no cuInit"), "{out}");
+}
+
+#[test]
+fn a_failing_driver_init_is_reported() {
+    let (code, out) = doctor(&[("FAKECUDA_INIT_FAIL", "100")]);
+    assert_eq!((code, state(&out, "driver")), (Some(1), "FAIL"), "{out}");
+    assert!(line(&out, "driver").contains("CUDA_ERROR_NO_DEVICE"), "{out}");
+}
+
+#[test]
+fn bad_limits_are_reported_with_the_variable_and_form() {
+    for (env, want) in [
+        (vec![("VRAMCAP_LIMIT", "abc")], "invalid VRAMCAP_LIMIT=\"abc\""),
+        (vec![("VRAMCAP_LIMIT", "3=1g")], "device 3 does not exist"),
+        (vec![("VRAMCAP_GROUP_LIMIT", "1g")], "needs a group"),
+        (vec![("CUDA_DEVICE_MEMORY_LIMIT", "6q")], "CUDA_DEVICE_MEMORY_LIMIT"),
+    ] {
+        let (code, out) = doctor(&env);
+        assert_eq!(code, Some(1), "{env:?}: {out}");
+        assert_eq!(state(&out, "limits"), "FAIL", "{env:?}: {out}");
+        assert!(line(&out, "limits").contains(want), "{env:?}: {out}");
+        // The self-test does not depend on the user's limits: it still passes.
+        assert_eq!(state(&out, "self-test"), "OK", "{env:?}: {out}");
+    }
+}
+
+#[test]
+fn the_sidecar_is_checked_when_configured() {
+    let d = scratch("doctor-sidecar");
+    let sock = d.join("s.sock");
+    let (code, out) = doctor(&[("VRAMCAP_SIDECAR", &sock.to_string_lossy())]);
+    assert_eq!((code, state(&out, "sidecar")), (Some(1), "FAIL"), "{out}");
+    assert!(line(&out, "sidecar").contains("cannot connect"), "{out}");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let (code, out) = doctor(&[("VRAMCAP_SIDECAR", &sock.to_string_lossy())]);
+    assert_eq!((code, state(&out, "sidecar")), (Some(0), "OK"), "{out}");
+    let (_, out) = doctor(&[]);
+    assert_eq!(state(&out, "sidecar"), "--", "not configured is not a failure");
+}
+
+#[test]
+fn a_missing_library_is_a_failure() {
+    let exe = lonely_binary("doctor-nolib");
+    let mut c = std::process::Command::new(&exe);
+    clean_env(&mut c);
+    let out = output_of_copy(c.arg("doctor"));
+    let so = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{so}");
+    assert_eq!(state(&so, "library"), "FAIL");
+    assert_eq!(state(&so, "self-test"), "--", "not run without the library");
+}

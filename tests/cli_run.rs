@@ -1,0 +1,220 @@
+//! `vramcap run`: the job gets the preload and the variables, keeps its own LD_PRELOAD entries,
+//! sees forwarded signals; we exit with its code (128 + signal when it was killed); bad input
+//! fails before anything runs, naming the input and the expected form.
+
+mod cli_support;
+mod common;
+use cli_support::*;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+fn run(args: &[&str]) -> std::process::Output {
+    common::build_c();
+    clean_vramcap(args).output().expect("run vramcap")
+}
+
+fn client(name: &str) -> String {
+    common::ctests_dir().join(name).to_string_lossy().into_owned()
+}
+
+fn our_lib() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_BIN_EXE_vramcap")).parent().unwrap().join("libvramcap.so").canonicalize().unwrap()
+}
+
+#[test]
+fn exit_codes_pass_through() {
+    for code in [0, 1, 7, 255] {
+        let out = run(&["run", "--", "sh", "-c", &format!("exit {code}")]);
+        assert_eq!(out.status.code(), Some(code), "{}", text(&out.stderr));
+    }
+    let out = run(&["run", "--", "sh", "-c", "kill -KILL $$"]);
+    assert_eq!(out.status.code(), Some(128 + 9), "killed by a signal: 128 + signal");
+    let out = run(&["run", "--", "no-such-command-vramcap"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(text(&out.stderr).contains("no-such-command-vramcap") && text(&out.stderr).contains("not found"));
+}
+
+#[test]
+fn sets_the_variables_and_keeps_an_existing_preload() {
+    let other = common::ctests_dir().join("libnextwrap.so");
+    common::build_c();
+    let out = clean_vramcap(&[
+        "run", "--limit", "2GiB", "--group", "team", "--group-limit", "6g", "--trace", "rel-%p.jsonl", "--sidecar", "/tmp/vc.sock",
+        "--", "sh", "-c", "echo \"$LD_PRELOAD|$VRAMCAP_LIMIT|$VRAMCAP_GROUP|$VRAMCAP_GROUP_LIMIT|$VRAMCAP_TRACE|$VRAMCAP_SIDECAR\"",
+    ])
+    .env("LD_PRELOAD", &other)
+    .env("VRAMCAP_GROUP_DIR", common::private_group_dir())
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let got = text(&out.stdout);
+    let f: Vec<&str> = got.trim().split('|').collect();
+    assert_eq!(f[0], format!("{}:{}", our_lib().display(), other.display()), "ours first, the other kept");
+    assert_eq!(&f[1..4], &["2GiB", "team", "6g"]);
+    let cwd = std::env::current_dir().unwrap();
+    assert_eq!(f[4], cwd.join("rel-%p.jsonl").to_string_lossy(), "a relative trace path is made absolute");
+    assert_eq!(f[5], "/tmp/vc.sock");
+}
+
+#[test]
+fn the_cap_applies_to_the_job_with_another_preload_after_ours() {
+    common::build_c();
+    let out = clean_vramcap(&["run", "--limit", "1GiB", "--", &client("client_procaddr"), "init", "ctx", "0", "info", "alloc", "768m", "alloc", "512m"])
+        .env("LD_PRELOAD", common::ctests_dir().join("libnextwrap.so"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<common::Line> = text(&out.stdout).lines().map(common::parse_line).collect();
+    let info = lines.iter().find(|l| l.op == "info").unwrap();
+    assert_eq!(info.num("total"), common::GIB, "the job sees the capped device");
+    let allocs: Vec<i64> = lines.iter().filter(|l| l.op == "alloc").map(|l| l.rc()).collect();
+    assert_eq!(allocs, vec![0, 2], "768 MiB granted, 512 MiB more refused");
+}
+
+/// `vramcap run -- sh -c SCRIPT` in its own process group (so a failing test can clean up the
+/// whole job), with its stdout lines on a channel; returns once the script printed `ready`.
+struct Job {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+const WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+impl Job {
+    fn start(script: &str) -> Job {
+        use std::os::unix::process::CommandExt;
+        common::build_c();
+        let mut child = clean_vramcap(&["run", "--", "sh", "-c", script]).stdout(Stdio::piped()).process_group(0).spawn().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in out.lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        let j = Job { child, lines };
+        assert_eq!(j.next_line(), "ready");
+        j
+    }
+    fn next_line(&self) -> String {
+        self.lines.recv_timeout(WAIT).unwrap_or_else(|_| panic!("no line from the job in {WAIT:?}"))
+    }
+    fn signal(&self, sig: i32) {
+        assert!(std::process::Command::new("kill").arg(format!("-{sig}")).arg(self.child.id().to_string()).status().unwrap().success());
+    }
+    /// vramcap's exit code; fails (and kills the job) if it does not end in time.
+    fn wait(&mut self) -> Option<i32> {
+        let t = std::time::Instant::now();
+        while t.elapsed() < WAIT {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st.code();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("vramcap run did not end within {WAIT:?} of the signal");
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        // Whatever happened, nothing of the job outlives the test.
+        let _ = std::process::Command::new("kill").args(["-KILL", "--", &format!("-{}", self.child.id())]).status();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn signals_are_forwarded_and_the_job_sees_them() {
+    let mut j = Job::start("trap 'echo got-USR1' USR1; trap 'echo got-TERM; exit 99' TERM; echo ready; while :; do sleep 0.05; done");
+    j.signal(10); // SIGUSR1
+    assert_eq!(j.next_line(), "got-USR1");
+    j.signal(15);
+    assert_eq!(j.next_line(), "got-TERM");
+    assert_eq!(j.wait(), Some(99), "the job's own exit code after handling SIGTERM");
+}
+
+#[test]
+fn a_job_killed_by_a_forwarded_signal_exits_128_plus_signal() {
+    for (sig, code) in [(15, 143), (2, 130), (1, 129)] {
+        let mut j = Job::start("echo ready; exec sleep 30");
+        j.signal(sig);
+        assert_eq!(j.wait(), Some(code), "signal {sig}");
+    }
+}
+
+#[test]
+fn report_reads_every_trace_the_job_wrote() {
+    let d = scratch("run-report");
+    let tmpl = d.join("t-%p.jsonl").to_string_lossy().into_owned();
+    let script = format!("{c} init ctx 0 alloc 768m alloc 512m; {c} init ctx 0 alloc 100m", c = client("client_procaddr"));
+    let out = run(&["run", "--limit", "1GiB", "--trace", &tmpl, "--report", "--", "sh", "-c", &script]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    let files: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 2, "one trace per process: {files:?}");
+    for f in &files {
+        assert!(err.contains(&*f.to_string_lossy()), "report names {}:\n{err}", f.display());
+    }
+    assert!(err.contains("== vramcap report") && err.contains("denied          1") && err.contains("all processes"), "{err}");
+    assert!(!text(&out.stdout).contains("vramcap report"), "the job's stdout stays the job's");
+}
+
+#[test]
+fn report_without_trace_uses_a_temporary_one() {
+    let out = run(&["run", "--limit", "1GiB", "--report", "--", &client("client_procaddr"), "init", "ctx", "0", "alloc", "2g"]);
+    assert!(out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("temporary trace") && err.contains("denied          1"), "{err}");
+}
+
+#[test]
+fn bad_input_fails_with_exit_2_naming_it() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["run"], &["no command given", "-- CMD ARGS"]),
+        (&["run", "--limit", "8x", "--", "true"], &["--limit \"8x\"", "unknown unit", "expected a size"]),
+        (&["run", "--limit", "", "--", "true"], &["--limit is empty", "expected"]),
+        (&["run", "--limit", "0=4g,foo=1g", "--", "true"], &["--limit", "not a device key", "expected"]),
+        (&["run", "--group-limit", "8g", "--", "true"], &["--group-limit needs", "--group NAME"]),
+        (&["run", "--group", "a/b", "--", "true"], &["--group \"a/b\"", "expected 1 to 64 characters"]),
+        (&["run", "--trace", "/nonexistent-dir/t.jsonl", "--", "true"], &["--trace", "does not exist"]),
+    ];
+    for (args, wants) in cases {
+        let out = run(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        for w in *wants {
+            assert!(err.contains(w), "{args:?}: missing {w:?} in {err}");
+        }
+    }
+    // The environment's own bad value is named as such.
+    let out = clean_vramcap(&["run", "--", "true"]).env("VRAMCAP_LIMIT", "lots").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("VRAMCAP_LIMIT (from the environment)"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_missing_library_is_a_clear_error() {
+    let exe = lonely_binary("run-nolib");
+    let mut c = std::process::Command::new(&exe);
+    clean_env(&mut c);
+    let out = output_of_copy(c.args(["run", "--", "true"]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("libvramcap.so not found") && err.contains(&*exe.parent().unwrap().to_string_lossy()) && err.contains("install.sh"), "{err}");
+}
+
+#[test]
+fn an_installed_binary_finds_the_library_in_prefix_lib() {
+    let prefix = scratch("run-install").join("usr");
+    let st = std::process::Command::new(common::root().join("scripts/install.sh"))
+        .args(["--no-build", "--prefix"])
+        .arg(&prefix)
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{}", text(&st.stderr));
+    let mut c = std::process::Command::new(prefix.join("bin/vramcap"));
+    clean_env(&mut c);
+    let out = output_of_copy(c.args(["run", "--", "sh", "-c", "echo $LD_PRELOAD"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), prefix.join("lib/libvramcap.so").canonicalize().unwrap().to_string_lossy());
+}
