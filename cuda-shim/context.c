@@ -230,10 +230,15 @@ FC_API CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx)
 
 FC_API CUresult cuCtxSynchronize(void)
 {
+    struct fc_ctx *c;
+
     FC_COUNT(cuCtxSynchronize);
     if (!fc_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    return fc_current_ctx() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    if (!(c = fc_current_ctx()))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    fc_pools_sync(c->dev);      /* pools give back memory above their release threshold */
+    return CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------- primary contexts */
@@ -399,13 +404,39 @@ FC_API CUresult cuStreamDestroy_v2(CUstream hStream)
     return stream_destroy(hStream);
 }
 
-FC_API CUresult cuStreamSynchronize(CUstream hStream)
+static CUresult stream_sync(CUstream hStream)
 {
-    FC_COUNT(cuStreamSynchronize);
+    struct fc_ctx *c;
+
     if (!fc_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
     if (hStream && hStream->magic != STREAM_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (hStream)
+        fc_pools_sync(hStream->dev);
+    else if ((c = fc_current_ctx()))
+        fc_pools_sync(c->dev);
     return CUDA_SUCCESS;
 }
 
+FC_API CUresult cuStreamSynchronize(CUstream hStream)
+{
+    FC_COUNT(cuStreamSynchronize);
+    return stream_sync(hStream);
+}
+
+FC_API CUresult cuStreamSynchronize_ptsz(CUstream hStream)
+{
+    FC_COUNT(cuStreamSynchronize_ptsz);
+    return stream_sync(hStream);
+}
+
+/* The device a stream belongs to (NULL: the current context's), or -1. */
+int fc_stream_dev(CUstream s)
+{
+    struct fc_ctx *c;
+
+    if (s)
+        return s->magic == STREAM_MAGIC ? s->dev : -1;
+    return (c = fc_current_ctx()) ? c->dev : -1;
+}

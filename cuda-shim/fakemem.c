@@ -407,6 +407,31 @@ static CUresult mem_free(uintptr_t p)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+/* Capacity charge for memory kept outside the arenas (pools, VMM, arrays):
+ * 0 on success, -1 when a positive delta does not fit the device. */
+int fc_mem_charge(int dev, long long delta)
+{
+    struct device *d = &g_dev[dev];
+    int ok = 0;
+
+    pthread_mutex_lock(&d->lock);
+    if (delta > 0 && (unsigned long long)delta > fc_cfg.mem[dev] - d->held)
+        ok = -1;
+    else
+        account(d, dev, delta, delta > 0 ? 1 : -1);
+    pthread_mutex_unlock(&d->lock);
+    return ok;
+}
+
+CUresult fc_mem_alloc_cur(CUdeviceptr *dptr, size_t size)
+{
+    uintptr_t p;
+    CUresult rc = mem_alloc(dptr ? &p : NULL, size, ARENA_NORMAL);
+    if (rc == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr)p;
+    return rc;
+}
+
 /* ------------------------------------------------------------ entry points */
 
 FC_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)

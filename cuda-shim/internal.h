@@ -69,5 +69,11 @@ extern struct fc_devstats fc_stats[FC_MAX_DEVICES];
 
 /* Allocator hooks (fakemem.c). */
 void fc_mem_config_fail(long long nth, int code); /* from FAKECUDA_FAIL_ALLOC */
+int fc_mem_charge(int dev, long long delta);      /* 0 ok, -1 does not fit */
+CUresult fc_mem_alloc_cur(CUdeviceptr *dptr, size_t size); /* cuMemAlloc_v2 semantics */
+/* Pools (pool.c): give back what exceeds each pool's release threshold (at synchronize). */
+void fc_pools_sync(int dev);
+int fc_stream_dev(CUstream s);              /* -1: bad stream or no context */
+#define FC_GRANULARITY (2ULL << 20)
 
 #endif

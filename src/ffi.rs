@@ -36,3 +36,85 @@ pub type cuGetProcAddress_v2_t = unsafe extern "C" fn(
     cuuint64_t,
     *mut CUdriverProcAddressQueryResult,
 ) -> CUresult;
+
+pub type CUstream = *mut c_void;
+pub type CUmemoryPool = *mut c_void;
+pub type CUarray = *mut c_void;
+pub type CUmipmappedArray = *mut c_void;
+pub type CUmemGenericAllocationHandle = u64;
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemLocation {
+    pub type_: c_int,
+    pub id: c_int,
+}
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+
+/// The leading fields of `CUmemAllocationProp` (we only read `location`; never sized by us).
+#[repr(C)]
+pub struct CUmemAllocationProp {
+    pub type_: c_int,
+    pub requested_handle_types: c_int,
+    pub location: CUmemLocation,
+}
+
+/// The leading fields of `CUmemPoolProps`.
+#[repr(C)]
+pub struct CUmemPoolProps {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location: CUmemLocation,
+}
+
+/// `CUmemPool_attribute` values we read.
+pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
+
+#[repr(C)]
+pub struct CUDA_ARRAY_DESCRIPTOR {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_int,
+    pub num_channels: c_uint,
+}
+
+#[repr(C)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_int,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUipcMemHandle {
+    pub reserved: [std::ffi::c_char; 64],
+}
+
+/// NVML: `nvmlReturn_t` (int), `nvmlDevice_t` (opaque pointer), `nvmlMemory_t`, `nvmlMemory_v2_t`.
+pub type nvmlReturn_t = c_int;
+pub type nvmlDevice_t = *mut c_void;
+pub const NVML_SUCCESS: nvmlReturn_t = 0;
+
+#[repr(C)]
+pub struct nvmlMemory_t {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+#[repr(C)]
+pub struct nvmlMemory_v2_t {
+    pub version: c_uint,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}

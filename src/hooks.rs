@@ -7,7 +7,7 @@
 
 use crate::dl::Slot;
 use crate::ffi::*;
-use crate::intercept::{init, mem, procaddr};
+use crate::intercept::{arrays, context, host, init, mem, nvml, pool, procaddr, vmm};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,6 +142,95 @@ hook_table! {
     Cuda "cuMemGetInfo" 3020 false fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult => mem::get_info_v2;
     Cuda "cuDeviceTotalMem" 2000 false fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult => mem::total_mem_v1;
     Cuda "cuDeviceTotalMem" 3020 false fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult => mem::total_mem_v2;
+    Cuda "cuMemAllocPitch" 3020 false
+        fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint)
+            -> CUresult => mem::alloc_pitch_v2;
+    Cuda "cuMemAllocManaged" 6000 false
+        fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> CUresult => mem::alloc_managed;
+
+    // Virtual memory management: physical handles are charged, mappings only traced.
+    Cuda "cuMemCreate" 10020 false
+        fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp,
+            flags: u64) -> CUresult => vmm::create;
+    Cuda "cuMemRelease" 10020 false fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => vmm::release;
+    Cuda "cuMemAddressReserve" 10020 false
+        fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, align: usize, addr: CUdeviceptr, flags: u64)
+            -> CUresult => vmm::address_reserve;
+    Cuda "cuMemAddressFree" 10020 false fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult => vmm::address_free;
+    Cuda "cuMemMap" 10020 false
+        fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64)
+            -> CUresult => vmm::map;
+    Cuda "cuMemUnmap" 10020 false fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult => vmm::unmap;
+    Cuda "cuMemImportFromShareableHandle" 10020 false
+        fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os: *mut c_void, kind: c_int)
+            -> CUresult => vmm::import_shareable;
+
+    // Stream-ordered allocation: pools are charged what they really reserve.
+    Cuda "cuDeviceGetDefaultMemPool" 11020 false
+        fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult => pool::default_pool;
+    Cuda "cuMemPoolCreate" 11020 false
+        fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult => pool::create;
+    Cuda "cuMemPoolDestroy" 11020 false fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => pool::destroy;
+    Cuda "cuMemPoolSetAttribute" 11020 false
+        fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CUresult => pool::set_attribute;
+    Cuda "cuMemPoolTrimTo" 11020 false fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult => pool::trim_to;
+    Cuda "cuMemAllocAsync" 11020 false
+        fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult => pool::alloc_async;
+    Cuda "cuMemAllocAsync" 11020 true
+        fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult => pool::alloc_async_ptsz;
+    Cuda "cuMemAllocFromPoolAsync" 11020 false
+        fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream)
+            -> CUresult => pool::alloc_from_pool;
+    Cuda "cuMemAllocFromPoolAsync" 11020 true
+        fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream)
+            -> CUresult => pool::alloc_from_pool_ptsz;
+    Cuda "cuMemFreeAsync" 11020 false fn cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream) -> CUresult => pool::free_async;
+    Cuda "cuMemFreeAsync" 11020 true
+        fn cuMemFreeAsync_ptsz(ptr: CUdeviceptr, stream: CUstream) -> CUresult => pool::free_async_ptsz;
+    /// Synchronizes are where a pool gives memory back: re-read pools after them.
+    Cuda "cuStreamSynchronize" 2000 false fn cuStreamSynchronize(stream: CUstream) -> CUresult => pool::stream_sync;
+    Cuda "cuStreamSynchronize" 7000 true
+        fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult => pool::stream_sync_ptsz;
+    Cuda "cuCtxSynchronize" 2000 false fn cuCtxSynchronize() -> CUresult => pool::ctx_sync;
+
+    // Arrays: bytes from the descriptor.
+    Cuda "cuArrayCreate" 3020 false
+        fn cuArrayCreate_v2(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult => arrays::create_2d;
+    Cuda "cuArray3DCreate" 3020 false
+        fn cuArray3DCreate_v2(arr: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult => arrays::create_3d;
+    Cuda "cuArrayDestroy" 2000 false fn cuArrayDestroy(arr: CUarray) -> CUresult => arrays::destroy;
+    Cuda "cuMipmappedArrayCreate" 5000 false
+        fn cuMipmappedArrayCreate(arr: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint)
+            -> CUresult => arrays::create_mipmapped;
+    Cuda "cuMipmappedArrayDestroy" 5000 false
+        fn cuMipmappedArrayDestroy(arr: CUmipmappedArray) -> CUresult => arrays::destroy_mipmapped;
+
+    // Contexts: destroying one releases every charge made in it.
+    Cuda "cuCtxDestroy" 2000 false fn cuCtxDestroy(ctx: CUcontext) -> CUresult => context::destroy_v1;
+    Cuda "cuCtxDestroy" 4000 false fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult => context::destroy_v2;
+    Cuda "cuDevicePrimaryCtxReset" 7000 false fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => context::reset_v1;
+    Cuda "cuDevicePrimaryCtxReset" 11000 false
+        fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => context::reset_v2;
+
+    // Traced, not counted: host memory and memory another process owns.
+    Cuda "cuMemHostAlloc" 2020 false
+        fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> CUresult => host::host_alloc;
+    Cuda "cuMemAllocHost" 3020 false
+        fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult => host::alloc_host_v2;
+    Cuda "cuMemFreeHost" 2000 false fn cuMemFreeHost(p: *mut c_void) -> CUresult => host::free_host;
+    Cuda "cuMemHostRegister" 6050 false
+        fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uint) -> CUresult => host::register_v2;
+    Cuda "cuMemHostUnregister" 4000 false fn cuMemHostUnregister(p: *mut c_void) -> CUresult => host::unregister;
+    Cuda "cuIpcOpenMemHandle" 11000 false
+        fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> CUresult
+            => host::ipc_open_v2;
+    Cuda "cuIpcCloseMemHandle" 4010 false fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult => host::ipc_close;
+
+    // NVML's view agrees with cuMemGetInfo.
+    Nvml "nvmlDeviceGetMemoryInfo" 0 false
+        fn nvmlDeviceGetMemoryInfo(dev: nvmlDevice_t, mem: *mut nvmlMemory_t) -> nvmlReturn_t => nvml::memory_info;
+    Nvml "nvmlDeviceGetMemoryInfo" 1 false
+        fn nvmlDeviceGetMemoryInfo_v2(dev: nvmlDevice_t, mem: *mut nvmlMemory_v2_t) -> nvmlReturn_t => nvml::memory_info_v2;
 }
 
 import_table! {
@@ -149,6 +238,13 @@ import_table! {
     Cuda fn cuDeviceGetCount(*mut c_int) -> CUresult;
     Cuda fn cuDeviceGet(*mut CUdevice, c_int) -> CUresult;
     Cuda fn cuDeviceGetUuid(*mut [u8; 16], CUdevice) -> CUresult;
+    Cuda fn cuCtxGetCurrent(*mut CUcontext) -> CUresult;
+    Cuda fn cuDeviceGetMemPool(*mut CUmemoryPool, CUdevice) -> CUresult;
+    Cuda fn cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
+    Cuda fn cuDevicePrimaryCtxGetState(CUdevice, *mut c_uint, *mut c_int) -> CUresult;
+    Cuda fn cuDevicePrimaryCtxRetain(*mut CUcontext, CUdevice) -> CUresult;
+    Cuda fn cuDevicePrimaryCtxRelease_v2(CUdevice) -> CUresult;
+    Nvml fn nvmlDeviceGetUUID(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
 }
 
 /// The hook with this exported name.

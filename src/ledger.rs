@@ -28,6 +28,8 @@ static BUDGETS: [Budget; MAX_DEVICES] = [const {
 pub struct Denied {
     pub used: u64,
     pub limit: u64,
+    /// The group's budget refused (`used`/`limit` are the group's), not the process's.
+    pub group: bool,
 }
 
 static TOTALS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
@@ -74,16 +76,39 @@ pub fn peak(dev: usize) -> u64 {
     BUDGETS.get(dev).map_or(0, |b| b.peak.load(Ordering::Acquire))
 }
 
-/// Charges `size` bytes to `dev` if that keeps it within its limit.
+/// Charges `size` bytes to `dev` if that keeps it within the process's limit and then within
+/// its group's (one CAS each; the first is rolled back if the second refuses).
 #[inline]
 pub fn reserve(dev: usize, size: u64) -> Result<(), Denied> {
+    reserve_local(dev, size)?;
+    if crate::group::active()
+        && let Err(d) = crate::group::reserve(dev, size)
+    {
+        release_local(dev, size);
+        return Err(d);
+    }
+    Ok(())
+}
+
+/// Gives back a charge (a free, or a reservation whose driver call failed), to the process and
+/// to its group.
+#[inline]
+pub fn release(dev: usize, size: u64) {
+    release_local(dev, size);
+    if crate::group::active() {
+        crate::group::release(dev, size);
+    }
+}
+
+#[inline]
+fn reserve_local(dev: usize, size: u64) -> Result<(), Denied> {
     let Some(b) = BUDGETS.get(dev) else { return Ok(()) };
     let limit = b.limit.load(Ordering::Acquire);
     let mut cur = b.used.load(Ordering::Relaxed);
     loop {
         let next = match cur.checked_add(size) {
             Some(n) if n <= limit => n,
-            _ => return Err(Denied { used: cur, limit }),
+            _ => return Err(Denied { used: cur, limit, group: false }),
         };
         match b.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
             Ok(_) => return Ok(()),
@@ -92,9 +117,21 @@ pub fn reserve(dev: usize, size: u64) -> Result<(), Denied> {
     }
 }
 
-/// Gives back a charge (a free, or a reservation whose driver call failed).
+/// Charges memory the driver already handed out (a pool that grew, a pitch wider than the bound we
+/// reserved): it exists whether or not it fits, so the charge must say so.
 #[inline]
-pub fn release(dev: usize, size: u64) {
+pub fn charge(dev: usize, size: u64) {
+    if let Some(b) = BUDGETS.get(dev) {
+        b.used.fetch_add(size, Ordering::AcqRel);
+        note_peak(dev);
+    }
+    if crate::group::active() {
+        crate::group::charge(dev, size);
+    }
+}
+
+#[inline]
+fn release_local(dev: usize, size: u64) {
     if let Some(b) = BUDGETS.get(dev) {
         // Never wrap below zero, even if a caller double-releases through a bug of ours.
         let mut cur = b.used.load(Ordering::Relaxed);
@@ -125,6 +162,9 @@ pub fn note_peak(dev: usize) {
 pub struct Charge {
     pub dev: u16,
     pub size: u64,
+    /// The context current when the charge was made (`CUcontext` as an integer, 0 = unknown):
+    /// destroying or resetting that context releases it.
+    pub ctx: u64,
 }
 
 /// Separate key spaces, so that a VMM handle can never be confused with a device pointer.
@@ -133,8 +173,23 @@ pub struct Charge {
 pub enum Kind {
     /// `cuMemAlloc*` pointers (64-bit and legacy 32-bit share the address space).
     DevicePtr = 0,
+    /// `cuMemCreate` handles (device locations only).
+    VmmHandle = 1,
+    /// `cuArrayCreate`/`cuArray3DCreate`/`cuMipmappedArrayCreate` handles.
+    Array = 2,
+    /// Stream-ordered allocations. Their entries carry no charge of their own (the pool's reserved
+    /// bytes are charged instead): they remember which device a free belongs to.
+    AsyncPtr = 3,
 }
-const KINDS: usize = 1;
+const KINDS: usize = 4;
+pub const ALL_KINDS: [Kind; KINDS] = [Kind::DevicePtr, Kind::VmmHandle, Kind::Array, Kind::AsyncPtr];
+
+impl Kind {
+    /// Whether an entry's `size` is part of the device's charge.
+    pub fn charged(self) -> bool {
+        self != Kind::AsyncPtr
+    }
+}
 const SHARDS: usize = 64;
 
 #[derive(Default, Clone, Copy)]
@@ -167,21 +222,25 @@ fn shard(kind: Kind, key: u64) -> &'static Lock<Option<Map>> {
 /// neighbourhood is crowded, in the locked maps below.
 static FAST: once_cell::sync::Lazy<crate::livetable::LiveTable> = once_cell::sync::Lazy::new(crate::livetable::LiveTable::new);
 
-fn pack(c: Charge) -> [u64; 2] {
-    [c.size, c.dev as u64]
+/// Two words per entry: size (low 56 bits) with the device (high 8 bits), and the context.
+fn pack(c: Charge) -> Option<[u64; 2]> {
+    (c.size < 1 << 56 && c.dev < 256).then(|| [c.size | (c.dev as u64) << 56, c.ctx])
 }
 
 fn unpack(v: [u64; 2]) -> Charge {
-    Charge { dev: v[1] as u16, size: v[0] }
+    Charge { dev: (v[0] >> 56) as u16, size: v[0] & ((1 << 56) - 1), ctx: v[1] }
 }
 
 /// Remembers a live allocation; returns what an earlier entry under the same key was charged
 /// (an allocation we never saw freed, e.g. through an entry point we do not wrap).
 pub fn insert(kind: Kind, key: u64, charge: Charge) -> Option<Charge> {
-    if kind == Kind::DevicePtr && key != 0 && key != u64::MAX {
-        if let Ok(old) = FAST.insert(key, pack(charge)) {
-            return old.map(unpack);
-        }
+    if kind == Kind::DevicePtr
+        && key != 0
+        && key != u64::MAX
+        && let Some(packed) = pack(charge)
+        && let Ok(old) = FAST.insert(key, packed)
+    {
+        return old.map(unpack);
     }
     install_fork_handlers();
     OVERFLOW_USED[kind as usize].store(true, Ordering::Relaxed);
@@ -205,6 +264,27 @@ pub fn take(kind: Kind, key: u64) -> Option<Charge> {
 
 /// Whether a kind's locked map ever held anything (lets `take` skip the lock for pointers).
 static OVERFLOW_USED: [AtomicBool; KINDS] = [const { AtomicBool::new(false) }; KINDS];
+
+/// Takes every entry whose charge matches `pred` out of all tables (a context destroyed).
+pub fn drain(pred: impl Fn(&Charge) -> bool) -> Vec<(Kind, u64, Charge)> {
+    let mut out: Vec<(Kind, u64, Charge)> =
+        FAST.drain(|v| pred(&unpack(v))).into_iter().map(|(k, v)| (Kind::DevicePtr, k, unpack(v))).collect();
+    for kind in ALL_KINDS {
+        for s in &TABLES[kind as usize] {
+            if let Some(m) = s.lock().as_mut() {
+                m.retain(|&k, c| {
+                    if pred(c) {
+                        out.push((kind, k, *c));
+                        false
+                    } else {
+                        true
+                    }
+                });
+            }
+        }
+    }
+    out
+}
 
 /// Number of live entries (tests and reports).
 pub fn live(kind: Kind) -> usize {
@@ -258,7 +338,7 @@ mod tests {
         let d = 40;
         set_limit(d, 100);
         assert!(reserve(d, 60).is_ok());
-        assert_eq!(reserve(d, 41), Err(Denied { used: 60, limit: 100 }));
+        assert_eq!(reserve(d, 41), Err(Denied { used: 60, limit: 100, group: false }));
         assert!(reserve(d, 40).is_ok());
         assert_eq!(used(d), 100);
         release(d, 100);
@@ -295,12 +375,25 @@ mod tests {
 
     #[test]
     fn table_round_trip() {
-        let c = Charge { dev: 3, size: 4096 };
+        let c = Charge { dev: 3, size: 4096, ctx: 7 };
         assert_eq!(insert(Kind::DevicePtr, 0xdead_0000, c), None);
         assert_eq!(insert(Kind::DevicePtr, 0xdead_0000, c), Some(c));
         assert_eq!(take(Kind::DevicePtr, 0xdead_0000), Some(c));
         assert_eq!(take(Kind::DevicePtr, 0xdead_0000), None);
         assert_eq!(take(Kind::DevicePtr, 0xbeef), None);
+    }
+
+    #[test]
+    fn drain_takes_one_context_across_kinds() {
+        let (a, b) = (Charge { dev: 5, size: 1, ctx: 0xc1 }, Charge { dev: 5, size: 2, ctx: 0xc2 });
+        insert(Kind::Array, 0x1000, a);
+        insert(Kind::VmmHandle, 0x1000, a);
+        insert(Kind::Array, 0x2000, b);
+        let mut got = drain(|c| c.ctx == 0xc1);
+        got.sort_by_key(|g| g.0 as usize);
+        assert_eq!(got, vec![(Kind::VmmHandle, 0x1000, a), (Kind::Array, 0x1000, a)]);
+        assert_eq!(take(Kind::Array, 0x2000), Some(b));
+        assert_eq!(take(Kind::Array, 0x1000), None);
     }
 
     #[test]

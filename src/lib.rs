@@ -5,6 +5,7 @@
 //! - [`dl`]: our `dlsym` trampoline, the real `dlsym`, and the driver handle we open ourselves.
 //! - [`intercept`]: the wrappers (cuInit, allocation, memory views, cuGetProcAddress).
 //! - [`ledger`]: per-device budgets and the live-allocation table.
+//! - [`group`]: budgets shared by several processes (container caps) in a mapped file.
 //! - [`config`]: environment parsing (limits, size grammar, switches).
 
 pub mod clock;
@@ -12,6 +13,7 @@ pub mod config;
 pub mod dl;
 pub mod events;
 pub mod ffi;
+pub mod group;
 pub mod hooks;
 pub mod intercept;
 pub mod ledger;

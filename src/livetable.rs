@@ -105,6 +105,22 @@ impl LiveTable {
         None
     }
 
+    /// Removes every entry whose value matches `pred` (a context destroyed: rare, so a full scan).
+    pub fn drain(&self, pred: impl Fn([u64; 2]) -> bool) -> Vec<(u64, [u64; 2])> {
+        let mut out = Vec::new();
+        for s in 0..SLOTS {
+            let k = self.keys[s].load(Ordering::Acquire);
+            if k == EMPTY || k == TOMBSTONE {
+                continue;
+            }
+            let v = [self.values[s][0].load(Ordering::Relaxed), self.values[s][1].load(Ordering::Relaxed)];
+            if pred(v) && self.keys[s].compare_exchange(k, TOMBSTONE, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                out.push((k, v));
+            }
+        }
+        out
+    }
+
     pub fn len(&self) -> usize {
         self.keys.iter().filter(|k| !matches!(k.load(Ordering::Relaxed), EMPTY | TOMBSTONE)).count()
     }

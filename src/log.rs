@@ -48,6 +48,11 @@ pub fn monotonic_ns() -> u64 {
 
 /// One line per denial, rate-limited so a job retrying in a loop cannot flood its log.
 pub fn denied(api: &str, dev: usize, size: u64, used: u64, limit: u64) {
+    denied_in(api, dev, size, used, limit, None)
+}
+
+/// [`denied`], naming the group whose budget refused (`used`/`limit` are then the group's).
+pub fn denied_in(api: &str, dev: usize, size: u64, used: u64, limit: u64, group: Option<&str>) {
     if !enabled(Level::Warn) {
         return;
     }
@@ -63,9 +68,10 @@ pub fn denied(api: &str, dev: usize, size: u64, used: u64, limit: u64) {
     }
     let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
     let h = config::size::human;
+    let scope = group.map_or(String::new(), |g| format!("group \"{g}\" "));
     let more = if suppressed > 0 { format!(" ({suppressed} more denials not shown)") } else { String::new() };
     write_line(&format!(
-        "vramcap: denied {api} of {size} bytes ({}) on device {dev}: used {used} ({}) of limit {limit} ({}){more}",
+        "vramcap: denied {api} of {size} bytes ({}) on device {dev}: used {used} ({}) of {scope}limit {limit} ({}){more}",
         h(size),
         h(used),
         h(limit)

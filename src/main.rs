@@ -1,19 +1,32 @@
 //! The `vramcap` command line. It never links the preload library's hooks: it shares only the
-//! pure modules (size grammar, limit parsing) by path.
+//! pure modules (size grammar, limit parsing) by path; the offline analysis lives in `analysis`.
 
 #[allow(dead_code)]
 #[path = "config/size.rs"]
 mod size;
 
+mod analysis;
 mod sidecar;
 
-use clap::{Parser, Subcommand};
+use analysis::merge::parse_duration;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(name = "vramcap", version, about = "GPU memory caps, traces and live events for CUDA jobs")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    /// Trace Event JSON for Perfetto UI / chrome://tracing.
+    Chrome,
+    /// A pickle in PyTorch's memory snapshot layout (pytorch.org/memory_viz).
+    MemoryViz,
+    /// One row per event, columns named as in the trace.
+    Csv,
 }
 
 #[derive(Subcommand)]
@@ -45,36 +58,129 @@ enum Cmd {
         #[arg(long)]
         once: bool,
     },
+    /// Peak, leaks, denials, failures, size and lifetime distributions per process and device.
+    Report {
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Draw usage over time (SVG): per device, processes stacked, the cap as a line, denials marked.
+    Plot {
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        #[arg(short, long, default_value = "usage.svg")]
+        output: PathBuf,
+    },
+    /// Convert traces for other viewers and tools.
+    Export {
+        #[arg(long, value_enum)]
+        format: Format,
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Start of the window, from the earliest trace start (30s, 1.5s, 250ms, …).
+        #[arg(long, value_parser = parse_duration)]
+        from: Option<u64>,
+        /// End of the window, from the earliest trace start.
+        #[arg(long, value_parser = parse_duration)]
+        to: Option<u64>,
+    },
+    /// Replay traces together against a device of a given size: do they fit, and what would?
+    Replay {
+        /// The device size to test (VRAMCAP_LIMIT grammar: 80GiB, 50%, …).
+        #[arg(long)]
+        limit: String,
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        /// Start offsets: one per trace (`0,30s,90s`), or one value for "each next trace starts
+        /// this much later". Default: all start together.
+        #[arg(long, value_delimiter = ',', value_parser = parse_duration)]
+        stagger: Vec<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a synthetic trace (benchmarks, tests).
+    #[command(hide = true)]
+    GenTrace {
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u64,
+        #[arg(short, long)]
+        output: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 4242)]
+        pid: u64,
+        #[arg(long, default_value_t = 1)]
+        devices: u32,
+        /// Per-device cap in bytes (0: none).
+        #[arg(long, default_value_t = 64 << 30)]
+        limit: u64,
+        #[arg(long, default_value_t = 80 << 30)]
+        total: u64,
+        #[arg(long, default_value_t = 1_764_441_600_000_000_000)]
+        start_unix_ns: u64,
+    },
+}
+
+fn fail(msg: String) -> ! {
+    eprintln!("vramcap: {msg}");
+    std::process::exit(2);
 }
 
 fn main() {
     let cli = Cli::parse();
-    match cli.cmd {
+    let result = match cli.cmd {
         Cmd::Size { spec } => match size::parse_size(&spec) {
-            Ok(size::Size::Unlimited) => println!("0 (no limit)"),
-            Ok(size::Size::Bytes(b)) => println!("{b}"),
-            Ok(size::Size::Percent(p)) => println!("{p}% of the device"),
-            Err(e) => {
-                eprintln!("vramcap: invalid size {spec:?}: {e}; expected {}", size::SIZE_FORM);
-                std::process::exit(2);
-            }
+            Ok(size::Size::Unlimited) => Ok(println!("0 (no limit)")),
+            Ok(size::Size::Bytes(b)) => Ok(println!("{b}")),
+            Ok(size::Size::Percent(p)) => Ok(println!("{p}% of the device")),
+            Err(e) => Err(format!("invalid size {spec:?}: {e}; expected {}", size::SIZE_FORM)),
         },
         Cmd::Sidecar { socket, metrics, trace_dir, hello_timeout } => {
             if !(hello_timeout.is_finite() && hello_timeout > 0.0 && hello_timeout < 1e6) {
-                eprintln!("vramcap: invalid --hello-timeout {hello_timeout}: expected seconds, greater than 0");
-                std::process::exit(2);
+                fail(format!("invalid --hello-timeout {hello_timeout}: expected seconds, greater than 0"));
             }
             let opts = sidecar::Options { socket, metrics, trace_dir, hello_timeout: std::time::Duration::from_secs_f64(hello_timeout) };
             if let Err(e) = sidecar::run(opts) {
                 eprintln!("vramcap sidecar: {e}");
                 std::process::exit(1);
             }
+            Ok(())
         }
         Cmd::Top { socket, once } => {
             if let Err(e) = sidecar::top::run(&socket, once) {
                 eprintln!("vramcap top: {e}");
                 std::process::exit(1);
             }
+            Ok(())
         }
+        Cmd::Report { traces, json } => analysis::report::compute(&traces).map(|r| {
+            r.merged.warn_input();
+            if json {
+                println!("{}", analysis::report::to_json(&r));
+            } else {
+                print!("{}", analysis::report::to_text(&r));
+            }
+        }),
+        Cmd::Plot { traces, output } => analysis::plot::plot(&traces, &output),
+        Cmd::Export { format, traces, output, from, to } => {
+            let window = analysis::export::Window { from: from.unwrap_or(0), to: to.unwrap_or(u64::MAX) };
+            match format {
+                Format::Chrome => analysis::export::chrome(&traces, &output, window),
+                Format::Csv => analysis::export::csv(&traces, &output, window),
+                Format::MemoryViz => analysis::memviz::export(&traces, &output, window),
+            }
+        }
+        Cmd::Replay { limit, traces, stagger, json } => analysis::replay::run(&limit, &traces, &stagger, json),
+        Cmd::GenTrace { events, output, seed, pid, devices, limit, total, start_unix_ns } => {
+            let o = analysis::synth::GenOpts { events, seed, pid, devices: devices.max(1), limit, total, start_unix_ns };
+            analysis::synth::generate(&output, &o)
+        }
+    };
+    if let Err(e) = result {
+        fail(e);
     }
 }

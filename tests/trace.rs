@@ -281,3 +281,53 @@ fn sixteen_threads_give_consecutive_sequence_numbers() {
         assert_eq!(sum("alloc"), sum("free"));
     }
 }
+
+#[test]
+fn every_family_is_traced_with_its_op_and_api() {
+    let dir = tmpdir("families");
+    let path = dir.join("t.jsonl");
+    let out = Run::client("client_procaddr")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("VRAMCAP_TRACE", &path)
+        .args([
+            "init ctx 0 vmm 4m 0 vmmmap 0 release 0 host 1m async 1m freeasync 1 sync pitch 100 100 managed 1m",
+            "array 64 64 arrfree 4 newctx 0 alloc 1m ctxdestroy 0",
+        ])
+        .run();
+    out.ok();
+    let t = read_trace(&path);
+    let got: Vec<String> = events(&t).iter().map(|e| format!("{} {}", e["op"].as_str().unwrap(), e["api"].as_str().unwrap())).collect();
+    let want = [
+        "alloc cuMemCreate",
+        "reserve cuMemAddressReserve",
+        "map cuMemMap",
+        "map cuMemMap",
+        "unmap cuMemUnmap",
+        "unmap cuMemAddressFree",
+        "free cuMemRelease",
+        "host_alloc cuMemHostAlloc",
+        "host_alloc cuMemAllocHost_v2",
+        "host_alloc cuMemHostRegister_v2",
+        "host_free cuMemHostUnregister",
+        "host_free cuMemFreeHost",
+        "host_free cuMemFreeHost",
+        "ipc_open cuIpcOpenMemHandle_v2",
+        "unmap cuIpcCloseMemHandle",
+        "alloc cuMemAllocAsync",
+        "free cuMemFreeAsync",
+        "alloc cuMemAllocPitch_v2",
+        "alloc cuMemAllocManaged",
+        "alloc cuArrayCreate_v2",
+        "free cuArrayDestroy",
+        "alloc cuMemAlloc_v2",
+        "free cuCtxDestroy_v2",
+    ];
+    assert_eq!(got, want);
+    // Traced-only kinds never change the charge.
+    for e in events(&t).iter().filter(|e| ["map", "unmap", "reserve", "host_alloc", "host_free", "ipc_open"].contains(&e["op"].as_str().unwrap())) {
+        assert!(e["used"].as_u64().unwrap() <= 4 * MIB, "{e}");
+    }
+    let pitch = events(&t).into_iter().find(|e| e["api"] == "cuMemAllocPitch_v2").unwrap();
+    assert_eq!(pitch["size"], 512 * 100, "pitch × height, not width × height");
+    assert_eq!(t.last().unwrap()["used"]["0"], events(&t).last().unwrap()["used"]);
+}

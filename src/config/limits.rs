@@ -1,6 +1,6 @@
 //! Which device gets which limit: `VRAMCAP_LIMIT` (one size, or `key=size,...` with a CUDA
 //! ordinal or GPU UUID prefix as key), `VRAMCAP_LIMIT_<i>` overrides, and HAMi-core's
-//! `CUDA_DEVICE_MEMORY_LIMIT[_<i>]` when no `VRAMCAP_LIMIT*` is set.
+//! `CUDA_DEVICE_MEMORY_LIMIT[_<i>]`; the group family `VRAMCAP_GROUP_LIMIT` has the same grammar.
 //!
 //! Parsing needs no driver; resolution (percent, UUID keys, "does device 3 exist") needs each
 //! device's total and UUID and happens once the driver is initialised.
@@ -56,11 +56,10 @@ pub struct DeviceInfo {
 }
 
 impl LimitSpec {
-    /// Builds the spec from environment pairs. `VRAMCAP_LIMIT*` wins over HAMi's variables as a
-    /// whole: mixing both families would make "which one applies" a puzzle.
-    pub fn from_vars<'a>(vars: impl Iterator<Item = (&'a str, &'a str)> + Clone) -> Result<Self, ConfigError> {
-        let ours = vars.clone().any(|(k, v)| is_family(k, "VRAMCAP_LIMIT") && !v.trim().is_empty());
-        let family = if ours { "VRAMCAP_LIMIT" } else { "CUDA_DEVICE_MEMORY_LIMIT" };
+    /// Builds the spec of one variable family (`VRAMCAP_LIMIT`, `VRAMCAP_GROUP_LIMIT`,
+    /// `CUDA_DEVICE_MEMORY_LIMIT`): the list variable, then its `_<i>` overrides. Which family
+    /// applies where is decided in `config::group`.
+    pub fn from_family<'a>(vars: impl Iterator<Item = (&'a str, &'a str)>, family: &str) -> Result<Self, ConfigError> {
         let mut spec = LimitSpec::default();
         let mut overrides: Vec<(u32, Entry)> = Vec::new();
         for (k, v) in vars {
@@ -196,7 +195,8 @@ mod tests {
     }
 
     fn spec(vars: &[(&str, &str)]) -> Result<LimitSpec, ConfigError> {
-        LimitSpec::from_vars(vars.iter().map(|(k, v)| (*k, *v)))
+        let family = if vars.iter().any(|(k, _)| k.starts_with("VRAMCAP")) { "VRAMCAP_LIMIT" } else { "CUDA_DEVICE_MEMORY_LIMIT" };
+        LimitSpec::from_family(vars.iter().map(|(k, v)| (*k, *v)), family)
     }
 
     #[test]

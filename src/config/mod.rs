@@ -1,8 +1,11 @@
 //! Configuration from the environment, read once per process (and again after `exec`).
 //! Every variable is documented in docs/configuration.md.
 
+pub mod group;
 pub mod limits;
 pub mod size;
+
+pub use group::GroupConfig;
 
 use limits::{ConfigError, LimitSpec};
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -20,7 +23,10 @@ pub struct Config {
     /// `VRAMCAP_DISABLE=1`: every hook forwards to the driver untouched.
     pub disabled: bool,
     pub log_level: Level,
+    /// Per-process limits (`VRAMCAP_LIMIT*`).
     pub limits: LimitSpec,
+    /// `VRAMCAP_GROUP` (or HAMi's container budget): the budget shared with other processes.
+    pub group: Option<GroupConfig>,
     /// `VRAMCAP_REAL_LIBCUDA`: the driver to open instead of `libcuda.so.1`.
     pub real_libcuda: Option<String>,
     /// `VRAMCAP_TRACE`: trace file path template (`%p`, `%t`, `%e`, `%h`).
@@ -70,17 +76,17 @@ impl Config {
                 }
             },
         };
-        let limits = match LimitSpec::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
+        let (limits, group) = match group::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
             Ok(s) => s,
             Err(e) => {
                 error.get_or_insert(e);
-                LimitSpec::default()
+                (LimitSpec::default(), None)
             }
         };
         let real_libcuda = get("VRAMCAP_REAL_LIBCUDA").filter(|v| !v.is_empty()).map(str::to_string);
         let trace = get("VRAMCAP_TRACE").filter(|v| !v.trim().is_empty()).map(str::to_string);
         let sidecar = get("VRAMCAP_SIDECAR").filter(|v| !v.trim().is_empty()).map(str::to_string);
-        Config { disabled, log_level, limits, real_libcuda, trace, sidecar, error, warnings }
+        Config { disabled, log_level, limits, group, real_libcuda, trace, sidecar, error, warnings }
     }
 
     fn from_env() -> Config {

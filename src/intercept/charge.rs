@@ -4,7 +4,7 @@
 //! how big the request is, which device it is for and where the result lands.
 
 use super::init::ensure_limits;
-use super::{Mode, current_device, guarded, mode};
+use super::{Mode, current, guarded, mode};
 use crate::clock;
 use crate::events::{self, Event, Op};
 use crate::ffi::*;
@@ -22,8 +22,8 @@ pub enum Target {
 
 /// What to do with a request, decided before the driver is called.
 enum Plan {
-    /// Charged to this device; commit or roll back after the call.
-    Charged(usize),
+    /// Charged to this device (made in this context); commit or roll back after the call.
+    Charged(usize, u64),
     /// Refused: return this code without calling the driver.
     Deny(CUresult, i32, u64),
     /// Not ours to count (no current context: the driver will say so itself).
@@ -34,17 +34,23 @@ fn plan(api: Hook, target: Target, size: u64) -> Plan {
     if let Err(e) = ensure_limits() {
         return Plan::Deny(e.code(), -1, 0);
     }
-    let dev = match target {
-        Target::Device(d) => d,
-        Target::CurrentContext => match current_device() {
-            Some(d) => d,
+    let (dev, ctx) = match target {
+        Target::Device(d) => (d, super::current_context()),
+        Target::CurrentContext => match current() {
+            Some(c) => c,
             None => return Plan::Forward,
         },
     };
-    match ledger::reserve(dev, size) {
-        Ok(()) => Plan::Charged(dev),
+    // A pool may have given memory back since we last looked (a synchronize we did not see):
+    // re-read before refusing.
+    match ledger::reserve(dev, size).or_else(|_| {
+        super::pool::refresh_device(dev);
+        ledger::reserve(dev, size)
+    }) {
+        Ok(()) => Plan::Charged(dev, ctx),
         Err(d) => {
-            crate::log::denied(crate::hooks::info(api).name, dev, size, d.used, d.limit);
+            let scope = if d.group { crate::group::name() } else { None };
+            crate::log::denied_in(crate::hooks::info(api).name, dev, size, d.used, d.limit, scope);
             Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, d.used)
         }
     }
@@ -57,6 +63,13 @@ pub struct Timed {
     pub rc: CUresult,
     pub dur: u64,
     pub at: u64,
+}
+
+impl Timed {
+    /// An event that involved no driver call (a denial, a release found at synchronize).
+    pub fn instant(rc: CUresult) -> Timed {
+        Timed { rc, dur: 0, at: 0 }
+    }
 }
 
 #[inline]
@@ -81,6 +94,21 @@ pub fn alloc(
     call: impl FnOnce() -> CUresult,
     read_key: impl FnOnce() -> u64,
 ) -> CUresult {
+    alloc_settled(api, kind, target, size, call, || (read_key(), size))
+}
+
+/// Like [`alloc`] when the driver decides the real size (a pitched allocation): reserve `bound`,
+/// a safe upper bound, before the call; after success `read` gives the key and the bytes really
+/// committed, and the charge is settled to them.
+pub fn alloc_settled(
+    api: Hook,
+    kind: Kind,
+    target: Target,
+    bound: u64,
+    call: impl FnOnce() -> CUresult,
+    read: impl FnOnce() -> (u64, u64),
+) -> CUresult {
+    let size = bound;
     match mode() {
         Mode::PassThrough => return call(),
         Mode::FailClosed => return CUDA_ERROR_NOT_PERMITTED,
@@ -99,18 +127,24 @@ pub fn alloc(
             }
             t.rc
         }
-        Plan::Charged(dev) => {
+        Plan::Charged(dev, ctx) => {
             let t = timed(call);
             guarded((), || {
                 if t.rc == CUDA_SUCCESS {
-                    let key = read_key();
+                    let (key, real) = read();
+                    if real > size {
+                        ledger::charge(dev, real - size);
+                    } else if real < size {
+                        ledger::release(dev, size - real);
+                    }
                     ledger::note_peak(dev);
+                    let charge = Charge { dev: dev as u16, size: real, ctx };
                     // An entry already under this key is an allocation whose free we never saw:
                     // the driver has reused the address, so that charge is gone.
-                    if let Some(stale) = ledger::insert(kind, key, Charge { dev: dev as u16, size }) {
+                    if let Some(stale) = ledger::insert(kind, key, charge) {
                         ledger::release(stale.dev as usize, stale.size);
                     }
-                    emit(Op::Alloc, api, dev as i32, key, size, t, ledger::used(dev));
+                    emit(Op::Alloc, api, dev as i32, key, real, t, ledger::used(dev));
                 } else {
                     ledger::release(dev, size);
                     emit(Op::Fail, api, dev as i32, 0, size, t, ledger::used(dev));

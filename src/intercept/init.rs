@@ -68,20 +68,13 @@ fn resolve() -> Result<(), LimitsError> {
     if let Some(d) = &devices {
         ledger::set_devices(&d.iter().map(|d| d.total).collect::<Vec<_>>());
     }
-    if cfg.limits.is_empty() {
+    if cfg.limits.is_empty() && cfg.group.is_none() {
         STATE.store(RESOLVED, Ordering::Release);
         return Ok(());
     }
     let devices = devices.ok_or(LimitsError::NotYet)?;
-    match cfg.limits.resolve(&devices) {
-        Ok(limits) => {
-            // Racing resolvers compute the same values; storing twice is harmless.
-            for (d, &l) in limits.iter().enumerate() {
-                ledger::set_limit(d, l);
-                if l > 0 {
-                    log_at!(Level::Info, "device {d}: limit {} of {}", human(l), human(devices[d].total));
-                }
-            }
+    match apply(cfg, &devices) {
+        Ok(()) => {
             STATE.store(RESOLVED, Ordering::Release);
             Ok(())
         }
@@ -94,6 +87,24 @@ fn resolve() -> Result<(), LimitsError> {
             Err(LimitsError::Invalid)
         }
     }
+}
+
+/// Per-process limits into the ledger, then the group joined (its file opened or created).
+/// Racing resolvers compute the same values; doing it twice is harmless.
+fn apply(cfg: &config::Config, devices: &[DeviceInfo]) -> Result<(), String> {
+    let limits = cfg.limits.resolve(devices).map_err(|e| e.to_string())?;
+    for (d, &l) in limits.iter().enumerate() {
+        ledger::set_limit(d, l);
+        if l > 0 {
+            log_at!(Level::Info, "device {d}: limit {} of {}", human(l), human(devices[d].total));
+        }
+    }
+    if let Some(g) = &cfg.group {
+        let glimits = if g.limits.is_empty() { None } else { Some(g.limits.resolve(devices).map_err(|e| e.to_string())?) };
+        crate::group::attach(g, devices, glimits.as_deref())?;
+        log_at!(Level::Info, "group \"{}\": joined", crate::group::name().unwrap_or(""));
+    }
+    Ok(())
 }
 
 fn query_devices() -> Option<Vec<DeviceInfo>> {

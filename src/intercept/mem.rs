@@ -20,6 +20,28 @@ pub unsafe fn alloc_v1(dptr: *mut CUdeviceptr_v1, size: c_uint) -> CUresult {
     charge::alloc(Hook::cuMemAlloc, Kind::DevicePtr, Target::CurrentContext, size as u64, call, || unsafe { *dptr as u64 })
 }
 
+/// Pitched allocations: the driver picks the pitch, so reserve width rounded up to 512 bytes (the
+/// largest pitch alignment current GPUs use) × height, then settle to the real pitch × height
+/// (charging the difference should a driver ever pick a wider pitch).
+const PITCH_BOUND_ALIGN: u64 = 512;
+
+pub unsafe fn alloc_pitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) -> CUresult {
+    let Some(f) = real::cuMemAllocPitch_v2() else { return MISSING_REAL };
+    let call = || unsafe { f(dptr, pitch, width, height, elem) };
+    let bound = (width as u64).div_ceil(PITCH_BOUND_ALIGN).saturating_mul(PITCH_BOUND_ALIGN).saturating_mul(height as u64);
+    charge::alloc_settled(Hook::cuMemAllocPitch_v2, Kind::DevicePtr, Target::CurrentContext, bound, call, || unsafe {
+        (*dptr, (*pitch as u64).saturating_mul(height as u64))
+    })
+}
+
+/// Managed memory is counted as device memory on the current device: it can all be resident
+/// there, and the cap must hold when it is.
+pub unsafe fn alloc_managed(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> CUresult {
+    let Some(f) = real::cuMemAllocManaged() else { return MISSING_REAL };
+    let call = || unsafe { f(dptr, size, flags) };
+    charge::alloc(Hook::cuMemAllocManaged, Kind::DevicePtr, Target::CurrentContext, size as u64, call, || unsafe { *dptr })
+}
+
 pub unsafe fn free_v2(ptr: CUdeviceptr) -> CUresult {
     let Some(f) = real::cuMemFree_v2() else { return MISSING_REAL };
     charge::free(Hook::cuMemFree_v2, Kind::DevicePtr, ptr, || unsafe { f(ptr) })
@@ -30,16 +52,16 @@ pub unsafe fn free_v1(ptr: CUdeviceptr_v1) -> CUresult {
     charge::free(Hook::cuMemFree, Kind::DevicePtr, ptr as u64, || unsafe { f(ptr) })
 }
 
-/// The capped view of one device: total = min(limit, physical),
-/// free = min(physical free, total − used). Never above physical, never negative.
+/// The capped view of one device: for each cap that applies (the process's, the group's),
+/// total = min(limit, physical) and free = min(physical free, total − used); the view is the
+/// tightest of them. Never above physical, never negative. In group mode free is what the group
+/// has left.
 pub fn virtual_info(dev: usize, phys_free: u64, phys_total: u64) -> (u64, u64) {
-    match ledger::limit(dev) {
-        None => (phys_free, phys_total),
-        Some(limit) => {
-            let total = limit.min(phys_total);
-            (phys_free.min(total.saturating_sub(ledger::used(dev))), total)
-        }
-    }
+    let own = ledger::limit(dev).map(|l| (l, ledger::used(dev)));
+    [own, crate::group::view(dev)].into_iter().flatten().fold((phys_free, phys_total), |(free, total), (l, used)| {
+        let t = l.min(phys_total);
+        (free.min(t.saturating_sub(used)), total.min(t))
+    })
 }
 
 /// Calls the real `cuMemGetInfo` with the caller's pointers (so NULLs get the driver's own
@@ -53,7 +75,10 @@ fn capped_info(call: impl FnOnce() -> CUresult, query: impl FnOnce() -> Option<(
         if ensure_limits().is_err() {
             return;
         }
-        let (Some(dev), Some((free, total))) = (current_device(), query()) else { return };
+        let Some(dev) = current_device() else { return };
+        // What pools hold may have changed since we last looked.
+        super::pool::refresh_device(dev);
+        let Some((free, total)) = query() else { return };
         let (vf, vt) = virtual_info(dev, free, total);
         write(vf, vt);
     });
@@ -109,7 +134,8 @@ fn capped_total(dev: CUdevice, physical: u64) -> u64 {
     if dev < 0 || ensure_limits().is_err() {
         return physical;
     }
-    ledger::limit(dev as usize).map_or(physical, |l| l.min(physical))
+    let group = crate::group::view(dev as usize).map(|(l, _)| l);
+    [ledger::limit(dev as usize), group].into_iter().flatten().fold(physical, u64::min)
 }
 
 pub unsafe fn total_mem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {

@@ -2,16 +2,23 @@
 //! the ledger), call the real driver exactly once outside any `catch_unwind`, then record. A panic
 //! in bookkeeping is contained by [`guarded`] and can never repeat or skip the driver call.
 
+pub mod arrays;
 pub mod charge;
+pub mod context;
+pub mod host;
 pub mod init;
 pub mod mem;
+pub mod nvml;
+pub mod pool;
 pub mod procaddr;
+pub mod vmm;
 
 use crate::config;
 use crate::ffi::*;
 use crate::hooks::import;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 /// Returned when the driver lacks the function a wrapper stands for (we never guess an ABI).
 pub const MISSING_REAL: CUresult = 302; // CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
@@ -63,4 +70,44 @@ pub fn current_device() -> Option<usize> {
     let mut dev: CUdevice = -1;
     let rc = unsafe { f(&mut dev) };
     (rc == CUDA_SUCCESS && dev >= 0).then_some(dev as usize)
+}
+
+/// Bumped whenever a context may have been destroyed, so cached (context → device) answers
+/// taken before cannot outlive a context whose address is reused.
+static CONTEXT_GENERATION: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    /// (context, its device, generation): a context's device never changes, so one driver call
+    /// (`cuCtxGetCurrent`) per allocation answers both "which context" and "which device".
+    static LAST_CONTEXT: Cell<(u64, usize, u32)> = const { Cell::new((0, 0, u32::MAX)) };
+}
+
+pub fn contexts_changed() {
+    CONTEXT_GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The calling thread's current context and its device (`None` without a current context).
+#[inline]
+pub fn current() -> Option<(usize, u64)> {
+    let ctx = current_context();
+    if ctx == 0 {
+        return None;
+    }
+    let generation = CONTEXT_GENERATION.load(Ordering::Acquire);
+    if let Ok((c, d, g)) = LAST_CONTEXT.try_with(|c| c.get())
+        && c == ctx
+        && g == generation
+    {
+        return Some((d, ctx));
+    }
+    let dev = current_device()?;
+    let _ = LAST_CONTEXT.try_with(|c| c.set((ctx, dev, generation)));
+    Some((dev, ctx))
+}
+
+/// The calling thread's current context as an integer (0 when none): what a charge is tied to.
+pub fn current_context() -> u64 {
+    let Some(f) = import::cuCtxGetCurrent() else { return 0 };
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    if unsafe { f(&mut ctx) } == CUDA_SUCCESS { ctx as u64 } else { 0 }
 }

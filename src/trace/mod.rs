@@ -161,7 +161,7 @@ fn header() -> Header {
         host: host_name(),
         start_unix_ns: ORIGIN_UNIX_NS.load(Ordering::Relaxed),
         devices,
-        group: None,
+        group: crate::group::name().map(str::to_string),
     }
 }
 

@@ -21,6 +21,11 @@
  *   threads T N MAX SEED -> threads ok=A oom=O other=E
  *   bench N SIZE         -> bench ns_per_pair=X errors=E
  *   sleep MS             -> sleep ok
+ *   record N MAX HOLD_US SEED -> one "held t0=.. t1=.. size=.." line per granted allocation
+ *                           (CLOCK_MONOTONIC ns: t0 after cuMemAlloc_v2 returned, t1 before
+ *                           cuMemFree_v2 is called; the memory is certainly held in between),
+ *                           then record ok=A oom=O other=E. Sizes 1..MAX, holds 0..HOLD_US.
+ *   (pitch, managed, VMM, pools, arrays, contexts, host memory: see client_ops.c)
  * SIZE: integer with optional k/m/g/t suffix (binary; "i", "b", "ib" allowed).
  * Slots number every alloc/alloc1 from 0, failed ones included (ptr 0).
  * Bad usage: message on stderr, exit status 2.
@@ -115,6 +120,10 @@ static long parse_long(const char *s)
         die("bad integer '%s'", s);
     return v;
 }
+
+static size_t new_slot(unsigned long long p);
+static unsigned long long slot_ptr(const char *s);
+static unsigned long long new_slot_ull(unsigned long long p) { return new_slot(p); }
 
 static size_t new_slot(unsigned long long p)
 {
@@ -290,6 +299,48 @@ static void op_bench(unsigned long long n, unsigned long long size)
     out("bench ns_per_pair=%.1f errors=%llu", n ? ns / (double)n : 0.0, errors);
 }
 
+static unsigned long long now_ns(void)
+{
+    struct timespec t;
+
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (unsigned long long)t.tv_sec * 1000000000ULL + (unsigned long long)t.tv_nsec;
+}
+
+/* What this process holds over time, for checks that must not trust the ledger. */
+static void op_record(unsigned long long n, unsigned long long maxsize, unsigned long long hold_us,
+                      unsigned long long seed)
+{
+    unsigned long long s = seed * 0x9e3779b97f4a7c15ULL + 1, ok = 0, oom = 0, other = 0;
+
+    if (maxsize == 0)
+        die("record: MAX must be positive%s", "");
+    for (unsigned long long i = 0; i < n; i++) {
+        CUdeviceptr p = 0;
+        size_t sz = (size_t)(1 + rng(&s) % maxsize);
+        CUresult rc = A->cuMemAlloc_v2(&p, sz);
+
+        if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+            oom++;
+            continue;
+        }
+        if (rc != CUDA_SUCCESS) {
+            other++;
+            continue;
+        }
+        unsigned long long t0 = now_ns();
+        unsigned long long us = hold_us ? rng(&s) % (hold_us + 1) : 0;
+        struct timespec ts = { (time_t)(us / 1000000), (long)(us % 1000000) * 1000L };
+        nanosleep(&ts, NULL);
+        unsigned long long t1 = now_ns();
+        if (A->cuMemFree_v2(p) != CUDA_SUCCESS)
+            other++;
+        ok++;
+        out("held t0=%llu t1=%llu size=%zu", t0, t1, sz);
+    }
+    out("record ok=%llu oom=%llu other=%llu", ok, oom, other);
+}
+
 /* The fake's own counters, read below any interposer. */
 static void op_stats(long dev)
 {
@@ -401,13 +452,23 @@ int client_run(const struct cu_api *api, int argc, char **argv)
         } else if (!strcmp(op, "bench")) {
             unsigned long long n = parse_size(ARG());
             op_bench(n, parse_size(ARG()));
+        } else if (!strcmp(op, "record")) {
+            unsigned long long n = parse_size(ARG());
+            unsigned long long mx = parse_size(ARG());
+            unsigned long long hold = parse_size(ARG());
+            op_record(n, mx, hold, parse_size(ARG()));
         } else if (!strcmp(op, "sleep")) {
             long ms = parse_long(ARG());
             struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
             nanosleep(&ts, NULL);
             out("sleep ok");
-        } else if (!client_lifecycle_op(op, &i, argc, argv)) {
-            die("unknown op '%s'", op);
+        } else if (client_lifecycle_op(op, &i, argc, argv)) {
+            /* handled in ops_lifecycle.c */
+        } else {
+            int used = client_extra_op(A, op, argc - i - 1, argv + i + 1, new_slot_ull, slot_ptr);
+            if (used < 0)
+                die("unknown op '%s'", op);
+            i += used;
         }
 #undef ARG
     }

@@ -10,6 +10,49 @@
 
 #include "cuda_types.h"
 
+/* Entry points of the other allocation families: X(exported name, cuGetProcAddress base name,
+ * version, flags). One list for the three front ends; flags 2 asks for the per-thread variant. */
+#define CLIENT_EXTRA(X) \
+    X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0) \
+    X(cuMemAllocManaged, "cuMemAllocManaged", 6000, 0) \
+    X(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity", 10020, 0) \
+    X(cuMemCreate, "cuMemCreate", 10020, 0) \
+    X(cuMemRelease, "cuMemRelease", 10020, 0) \
+    X(cuMemAddressReserve, "cuMemAddressReserve", 10020, 0) \
+    X(cuMemAddressFree, "cuMemAddressFree", 10020, 0) \
+    X(cuMemMap, "cuMemMap", 10020, 0) \
+    X(cuMemUnmap, "cuMemUnmap", 10020, 0) \
+    X(cuMemSetAccess, "cuMemSetAccess", 10020, 0) \
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0) \
+    X(cuMemPoolCreate, "cuMemPoolCreate", 11020, 0) \
+    X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 11020, 0) \
+    X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", 11020, 0) \
+    X(cuMemPoolTrimTo, "cuMemPoolTrimTo", 11020, 0) \
+    X(cuMemAllocAsync, "cuMemAllocAsync", 11020, 0) \
+    X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, 2) \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, 0) \
+    X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, 2) \
+    X(cuMemFreeAsync, "cuMemFreeAsync", 11020, 0) \
+    X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 2) \
+    X(cuStreamSynchronize, "cuStreamSynchronize", 2000, 0) \
+    X(cuStreamSynchronize_ptsz, "cuStreamSynchronize", 7000, 2) \
+    X(cuCtxSynchronize, "cuCtxSynchronize", 2000, 0) \
+    X(cuArrayCreate_v2, "cuArrayCreate", 3020, 0) \
+    X(cuArray3DCreate_v2, "cuArray3DCreate", 3020, 0) \
+    X(cuArrayDestroy, "cuArrayDestroy", 2000, 0) \
+    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 5000, 0) \
+    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 5000, 0) \
+    X(cuCtxCreate_v2, "cuCtxCreate", 3020, 0) \
+    X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0) \
+    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0) \
+    X(cuMemHostAlloc, "cuMemHostAlloc", 2020, 0) \
+    X(cuMemAllocHost_v2, "cuMemAllocHost", 3020, 0) \
+    X(cuMemFreeHost, "cuMemFreeHost", 2000, 0) \
+    X(cuMemHostRegister_v2, "cuMemHostRegister", 6050, 0) \
+    X(cuMemHostUnregister, "cuMemHostUnregister", 4000, 0) \
+    X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, 0) \
+    X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, 0)
+
 struct cu_api {
     CUresult (*cuInit)(unsigned int);
     CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
@@ -23,6 +66,9 @@ struct cu_api {
     CUresult (*cuMemGetInfo)(unsigned int *, unsigned int *);
     CUresult (*cuDeviceTotalMem_v2)(size_t *, CUdevice);
     CUresult (*cuDriverGetVersion)(int *);
+#define FIELD(name, base, ver, flags) __typeof__(&name) name;
+    CLIENT_EXTRA(FIELD)
+#undef FIELD
 };
 
 /* Runs the ops in argv[1..]; returns the process exit status. */
@@ -35,6 +81,11 @@ unsigned long long client_parse_size(const char *s);
 long client_parse_long(const char *s);
 /* Each returns 1 if it handled `op` (consuming its arguments via *i), else 0. */
 int client_lifecycle_op(const char *op, int *i, int argc, char **argv);
+/* The other families' ops (client_ops.c): returns the number of arguments consumed after the op
+ * name, or -1 when `op` is not one of them. */
+int client_extra_op(const struct cu_api *api, const char *op, int argc, char **argv,
+                    unsigned long long (*new_slot)(unsigned long long),
+                    unsigned long long (*slot)(const char *));
 
 /* Front-end helper: complain and exit when a function could not be resolved. */
 void client_need(const void *fn, const char *what);

@@ -38,5 +38,8 @@ int main(int argc, char **argv)
     GET(cuDeviceTotalMem_v2);
     GET(cuDriverGetVersion);
 #undef GET
+#define GET(name, base, ver, flags) *(void **)&api.name = sym(#name);
+    CLIENT_EXTRA(GET)
+#undef GET
     return client_run(&api, argc, argv);
 }

@@ -17,6 +17,9 @@ int main(int argc, char **argv)
         .cuMemGetInfo = cuMemGetInfo,
         .cuDeviceTotalMem_v2 = cuDeviceTotalMem_v2,
         .cuDriverGetVersion = cuDriverGetVersion,
+#define SET(name, base, ver, flags) .name = name,
+        CLIENT_EXTRA(SET)
+#undef SET
     };
     return client_run(&api, argc, argv);
 }

@@ -10,11 +10,11 @@
 static CUresult (*get_proc)(const char *, void **, int, cuuint64_t,
                             CUdriverProcAddressQueryResult *);
 
-static void *proc(const char *base, int version)
+static void *proc_flags(const char *base, int version, cuuint64_t flags)
 {
     void *p = NULL;
     CUdriverProcAddressQueryResult st = -1;
-    CUresult rc = get_proc(base, &p, version, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+    CUresult rc = get_proc(base, &p, version, flags, &st);
 
     if (rc != CUDA_SUCCESS || st != CU_GET_PROC_ADDRESS_SUCCESS || !p) {
         fprintf(stderr, "client: cuGetProcAddress_v2(%s, %d) rc=%d status=%d\n",
@@ -22,6 +22,11 @@ static void *proc(const char *base, int version)
         client_need(NULL, base);
     }
     return p;
+}
+
+static void *proc(const char *base, int version)
+{
+    return proc_flags(base, version, CU_GET_PROC_ADDRESS_DEFAULT);
 }
 
 int main(int argc, char **argv)
@@ -48,6 +53,10 @@ int main(int argc, char **argv)
     GET(cuMemGetInfo, "cuMemGetInfo", 2000);
     GET(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020);
     GET(cuDriverGetVersion, "cuDriverGetVersion", 2020);
+#undef GET
+    /* flags 2 = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: the _ptsz variants. */
+#define GET(name, base, ver, flags) *(void **)&api.name = proc_flags(base, ver, flags);
+    CLIENT_EXTRA(GET)
 #undef GET
     return client_run(&api, argc, argv);
 }

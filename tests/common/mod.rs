@@ -70,6 +70,8 @@ pub struct Run {
     after: Vec<PathBuf>,
     use_vramcap: bool,
     timeout: Duration,
+    /// This run's private group directory, removed when `run` returns.
+    auto_dir: PathBuf,
 }
 
 pub struct Output {
@@ -120,8 +122,12 @@ impl Run {
             }
         }
         cmd.env("LD_LIBRARY_PATH", shim_dir());
+        // Group ledgers (HAMi's variable makes one too) go to a directory of this run's own, so
+        // parallel tests never share a budget unless they name a directory together.
+        let auto_dir = private_group_dir();
+        cmd.env("VRAMCAP_GROUP_DIR", &auto_dir);
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        Run { cmd, before: Vec::new(), after: Vec::new(), use_vramcap: true, timeout: Duration::from_secs(120) }
+        Run { cmd, before: Vec::new(), after: Vec::new(), use_vramcap: true, timeout: Duration::from_secs(120), auto_dir }
     }
 
     pub fn env(mut self, k: &str, v: impl AsRef<std::ffi::OsStr>) -> Run {
@@ -156,6 +162,34 @@ impl Run {
     }
 
     pub fn run(mut self) -> Output {
+        self.set_preload();
+        let child = self.cmd.spawn().expect("spawn client");
+        let out = wait_with_timeout(child, self.timeout);
+        let _ = std::fs::remove_dir_all(&self.auto_dir);
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        let lines = stdout.lines().map(parse_line).collect();
+        Output { status: out.status, stdout, stderr, lines }
+    }
+
+    /// Starts the client and returns while it runs (its stdout is read line by line).
+    pub fn spawn(mut self) -> Running {
+        self.set_preload();
+        let mut child = self.cmd.spawn().expect("spawn client");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Running { child, lines: rx }
+    }
+
+    fn set_preload(&mut self) {
         let mut libs: Vec<PathBuf> = self.before.clone();
         if self.use_vramcap {
             libs.push(preload_lib());
@@ -165,12 +199,50 @@ impl Run {
             let s: Vec<String> = libs.iter().map(|p| p.display().to_string()).collect();
             self.cmd.env("LD_PRELOAD", s.join(":"));
         }
-        let child = self.cmd.spawn().expect("spawn client");
-        let out = wait_with_timeout(child, self.timeout);
-        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-        let lines = stdout.lines().map(parse_line).collect();
-        Output { status: out.status, stdout, stderr, lines }
+    }
+}
+
+/// A fresh directory under the system temp dir (removed by the OS's tmp cleaning, tiny).
+pub fn private_group_dir() -> PathBuf {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("vramcap-tests-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A client started with [`Run::spawn`].
+pub struct Running {
+    pub child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Running {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The next result line of `op` (earlier lines of other ops are skipped).
+    pub fn wait_for(&mut self, op: &str) -> Line {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let l = self.lines.recv_timeout(left).unwrap_or_else(|_| panic!("no `{op}` line from the client"));
+            let l = parse_line(&l);
+            if l.op == op {
+                return l;
+            }
+        }
+    }
+
+    pub fn sigkill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Waits for a normal exit.
+    pub fn finish(mut self) -> std::process::ExitStatus {
+        self.child.wait().unwrap()
     }
 }
 

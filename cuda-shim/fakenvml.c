@@ -1,0 +1,163 @@
+/*
+ * fakenvml.c - a fake libnvidia-ml.so.1 (public NVML API only) over the fake
+ * driver: memory numbers come from fakecuda_stats, UUIDs match the fake
+ * driver's cuDeviceGetUuid. FAKENVML_REVERSE=1 numbers devices in reverse
+ * order, so tests can prove NVML handles are matched to CUDA ordinals by UUID
+ * and not by index.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_types.h"
+#include "fakecuda.h"
+
+#define API __attribute__((visibility("default")))
+#define NVML_SUCCESS 0
+#define NVML_ERROR_UNINITIALIZED 1
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_UNKNOWN 999
+
+typedef struct { int index; } *nvmlDevice_t;   /* handle: points at a CUDA ordinal */
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+#define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
+
+static struct { int index; } g_dev[16];
+static int g_init;
+static int (*g_stats)(int, fakecuda_stats_t *);
+static CUresult (*g_uuid)(CUuuid *, CUdevice);
+
+static int count(void)
+{
+    const char *v = getenv("FAKECUDA_DEVICE_COUNT");
+    int n = v ? atoi(v) : 2;
+    return n < 0 ? 0 : n > 16 ? 16 : n;
+}
+
+API int nvmlInit_v2(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+
+    if (!h)
+        return NVML_ERROR_UNKNOWN;
+    *(void **)&g_stats = dlsym(h, "fakecuda_stats");
+    *(void **)&g_uuid = dlsym(h, "cuDeviceGetUuid");
+    if (!g_stats || !g_uuid)
+        return NVML_ERROR_UNKNOWN;
+    {   /* NVML works without the application's cuInit; the fake reads UUIDs through the driver. */
+        CUresult (*init)(unsigned int);
+        *(void **)&init = dlsym(h, "cuInit");
+        if (!init || init(0) != CUDA_SUCCESS)
+            return NVML_ERROR_UNKNOWN;
+    }
+    g_init = 1;
+    return NVML_SUCCESS;
+}
+
+API int nvmlInit(void) { return nvmlInit_v2(); }
+
+API int nvmlShutdown(void)
+{
+    g_init = 0;
+    return NVML_SUCCESS;
+}
+
+API const char *nvmlErrorString(int r)
+{
+    return r == NVML_SUCCESS ? "Success" : "Error";
+}
+
+API int nvmlDeviceGetCount_v2(unsigned int *n)
+{
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!n)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *n = (unsigned int)count();
+    return NVML_SUCCESS;
+}
+
+API int nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *dev)
+{
+    const char *rev = getenv("FAKENVML_REVERSE");
+    int n = count();
+
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!dev || (int)i >= n)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    g_dev[i].index = rev && *rev == '1' ? n - 1 - (int)i : (int)i;
+    *dev = (nvmlDevice_t)&g_dev[i];
+    return NVML_SUCCESS;
+}
+
+/* Physical view: the fake driver's own bytes (works before cuInit). */
+static int phys(nvmlDevice_t dev, unsigned long long *total, unsigned long long *used)
+{
+    fakecuda_stats_t s;
+
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!dev || g_stats(dev->index, &s) != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *total = s.total_bytes;
+    *used = s.bytes_held;
+    return NVML_SUCCESS;
+}
+
+API int nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m)
+{
+    unsigned long long t, u;
+    int rc;
+
+    if (!m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if ((rc = phys(dev, &t, &u)) != NVML_SUCCESS)
+        return rc;
+    m->total = t;
+    m->used = u;
+    m->free = t - u;
+    return NVML_SUCCESS;
+}
+
+API int nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m)
+{
+    unsigned long long t, u;
+    int rc;
+
+    if (!m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (m->version != NVML_MEMORY_V2)
+        return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
+    if ((rc = phys(dev, &t, &u)) != NVML_SUCCESS)
+        return rc;
+    m->total = t;
+    m->reserved = 0;
+    m->used = u;
+    m->free = t - u;
+    return NVML_SUCCESS;
+}
+
+API int nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int len)
+{
+    CUuuid u;
+    const unsigned char *b = (const unsigned char *)u.bytes;
+
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!dev || !uuid)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (len < 41)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    /* NVML answers before cuInit: read the UUID the way the fake driver fills it. */
+    if (g_uuid(&u, dev->index) != CUDA_SUCCESS)
+        return NVML_ERROR_UNKNOWN;
+    snprintf(uuid, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    return NVML_SUCCESS;
+}

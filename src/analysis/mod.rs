@@ -1,0 +1,14 @@
+//! Offline analysis of trace files (docs/trace-format.md) for the `vramcap` binary only: these
+//! modules use CLI crates (plotters, indicatif) and are never declared by src/lib.rs.
+
+pub mod synth;
+pub mod merge;
+pub mod report;
+pub mod scan;
+pub mod stats;
+pub mod trace;
+pub mod export;
+pub mod memviz;
+pub mod pickle;
+pub mod plot;
+pub mod replay;

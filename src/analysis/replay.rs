@@ -1,0 +1,132 @@
+//! `vramcap replay`: what-if co-location. The traces run together on one clock (all starting at
+//! 0, or at `--stagger` offsets) against a device of the given size; per device we sum the
+//! processes' charges and report the combined peak, the first moment an allocation would have
+//! been refused, and the smallest limit at which everything fits (the combined peak).
+//!
+//! What happens after a refusal is unknowable from a trace (the job might free its cache and
+//! retry, or die), so the replay keeps applying the recorded allocations: the peak and
+//! `min_limit` describe the recorded workload, `denials` counts allocations that would have
+//! crossed the limit.
+
+use super::merge::{Align, Merged};
+use super::stats::{Combined, next_used};
+use super::trace::Op;
+use crate::size::{self, Size, human};
+use serde_json::{Map, Value, json};
+use std::path::PathBuf;
+
+struct Dev {
+    index: i32,
+    limit: u64,
+    usage: Combined,
+    /// Per process: its charge on this device.
+    used: Vec<u64>,
+}
+
+pub fn run(spec: &str, paths: &[PathBuf], stagger: &[u64], json_out: bool) -> Result<(), String> {
+    let limit = size::parse_size(spec).map_err(|e| format!("--limit {spec:?}: {e}; expected {}", size::SIZE_FORM))?;
+    let offsets: Vec<u64> = match stagger.len() {
+        0 => vec![0; paths.len()],
+        1 if paths.len() > 1 => (0..paths.len() as u64).map(|i| i * stagger[0]).collect(),
+        n if n == paths.len() => stagger.to_vec(),
+        n => return Err(format!("--stagger has {n} offsets for {} traces: give one per trace, or one step", paths.len())),
+    };
+    let mut m = Merged::open(paths, Align::Offsets(offsets.clone()))?;
+    let mut devs: Vec<Dev> = Vec::new();
+    let mut denials = 0u64;
+    let mut first_denial: Option<(u64, usize, u16, u64)> = None;
+    let mut denied_in_trace = 0u64;
+    let mut events = 0u64;
+    while let Some((i, e, t)) = m.next() {
+        events += 1;
+        if e.op == Op::Deny {
+            denied_in_trace += 1;
+        }
+        if e.dev < 0 {
+            // No device charge (e.g. a failed free of an unknown pointer).
+            continue;
+        }
+        let k = match devs.iter().position(|d| d.index == e.dev) {
+            Some(k) => k,
+            None => {
+                let limit = device_limit(&m, limit, e.dev)?;
+                devs.push(Dev { index: e.dev, limit, usage: Combined { index: e.dev, ..Default::default() }, used: vec![0; m.readers.len()] });
+                devs.len() - 1
+            }
+        };
+        let d = &mut devs[k];
+        let used = next_used(d.used[i], &e);
+        d.used[i] = used;
+        d.usage.set(i, used, t);
+        if e.op == Op::Alloc && d.limit > 0 && d.usage.used > d.limit {
+            denials += 1;
+            if first_denial.is_none() {
+                first_denial = Some((t, i, e.api, e.size));
+            }
+        }
+    }
+    m.finish_progress();
+    m.warn_input();
+    devs.sort_by_key(|d| d.index);
+    let fits = first_denial.is_none();
+    if json_out {
+        let map = |f: &dyn Fn(&Dev) -> Value| devs.iter().map(|d| (d.index.to_string(), f(d))).collect::<Map<String, Value>>();
+        let out = json!({
+            "fits": fits,
+            "peak": map(&|d| json!(d.usage.peak)),
+            "peak_t_ns": map(&|d| json!(d.usage.peak_t)),
+            "first_denial_t_ns": first_denial.map(|f| f.0),
+            "min_limit": map(&|d| json!(d.usage.peak)),
+            "limit": map(&|d| if d.limit > 0 { json!(d.limit) } else { Value::Null }),
+            "denials": denials,
+            "denied_in_traces": denied_in_trace,
+            "offsets_ns": offsets,
+            "events": events,
+            "skipped_lines": m.skips.count,
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    let secs = |ns: u64| format!("{:.3}s", ns as f64 / 1e9);
+    println!("replaying {} trace(s), {events} events, against {spec} per device", paths.len());
+    for (i, r) in m.readers.iter().enumerate() {
+        println!("  pid {} ({}) starting at +{}  {}", r.header.pid, r.header.exe, secs(offsets[i]), r.path.display());
+    }
+    for d in &devs {
+        let cap = if d.limit > 0 { human(d.limit) } else { "no limit".into() };
+        let verdict = if d.limit == 0 || d.usage.peak <= d.limit { "fits" } else { "does NOT fit" };
+        println!("device {}: combined peak {} at +{} against {cap}: {verdict}", d.index, human(d.usage.peak), secs(d.usage.peak_t));
+    }
+    match first_denial {
+        None => println!("verdict: they fit"),
+        Some((t, i, api, size)) => {
+            println!(
+                "verdict: they do not fit; first refusal at +{} ({} of {} by pid {}), {denials} allocation(s) over the limit",
+                secs(t),
+                m.names.get(api),
+                human(size),
+                m.readers[i].header.pid
+            );
+        }
+    }
+    let need: Vec<String> = devs.iter().map(|d| format!("device {}: {}", d.index, human(d.usage.peak))).collect();
+    println!("smallest limit at which they fit: {}", need.join(", "));
+    if denied_in_trace > 0 {
+        println!("note: the traces themselves contain {denied_in_trace} denial(s); those requests were never charged and are not replayed");
+    }
+    Ok(())
+}
+
+/// The limit in bytes for device `dev`; a percentage needs the device's total from a header.
+fn device_limit(m: &Merged, limit: Size, dev: i32) -> Result<u64, String> {
+    match limit {
+        Size::Percent(_) => {
+            let total = m.readers.iter().flat_map(|r| r.header.devices.iter()).filter(|d| d.index == dev).map(|d| d.total).find(|t| *t > 0);
+            match total {
+                Some(t) => Ok(limit.bytes_for(t)),
+                None => Err(format!("a percentage limit needs device {dev}'s total memory, and no trace header lists it; give the limit in bytes (e.g. 80GiB)")),
+            }
+        }
+        _ => Ok(limit.bytes_for(0)),
+    }
+}

@@ -1,0 +1,180 @@
+//! `vramcap report`: per process and device, peak and when, counts, leaks, denials and failures
+//! with the usage at that moment, size and lifetime distributions, time in the driver.
+
+use super::merge::{Align, Merged};
+use super::stats::{Combined, DevStats, LIFETIME_BOUNDS, ProcStats};
+use super::trace::Names;
+use crate::size::human;
+use serde_json::{Value, json};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+pub struct Report {
+    pub merged: Merged,
+    pub procs: Vec<ProcStats>,
+    pub combined: Vec<Combined>,
+    pub events: u64,
+}
+
+pub fn compute(paths: &[PathBuf]) -> Result<Report, String> {
+    let mut merged = Merged::open(paths, Align::WallClock)?;
+    let mut procs: Vec<ProcStats> = merged.readers.iter().map(|_| ProcStats { devices: Vec::new() }).collect();
+    let multi = procs.len() > 1;
+    let mut combined: Vec<Combined> = Vec::new();
+    let mut events = 0u64;
+    while let Some((i, e, t)) = merged.next() {
+        events += 1;
+        let d = procs[i].dev(e.dev);
+        d.apply(&e);
+        if multi {
+            let used = d.used;
+            let c = match combined.iter().position(|c| c.index == e.dev) {
+                Some(k) => &mut combined[k],
+                None => {
+                    combined.push(Combined { index: e.dev, ..Default::default() });
+                    combined.last_mut().unwrap()
+                }
+            };
+            c.set(i, used, t);
+        }
+    }
+    merged.finish_progress();
+    combined.sort_by_key(|c| c.index);
+    Ok(Report { merged, procs, combined, events })
+}
+
+fn limit_of(r: &Report, proc_idx: usize, dev: i32) -> (Option<u64>, Option<u64>) {
+    let h = &r.merged.readers[proc_idx].header;
+    h.devices.iter().find(|d| d.index == dev).map(|d| (d.limit, Some(d.total))).unwrap_or((None, None))
+}
+
+fn hist_json(d: &DevStats) -> (Value, Value) {
+    let sizes: Vec<Value> = (0..64)
+        .filter(|&b| d.size_hist[b] > 0)
+        .map(|b| json!({"min": 1u64 << b, "count": d.size_hist[b]}))
+        .collect();
+    let lives: Vec<Value> = d
+        .life_hist
+        .iter()
+        .enumerate()
+        .map(|(k, n)| json!({"under_ns": LIFETIME_BOUNDS.get(k).map(|b| b.0), "count": n}))
+        .collect();
+    (Value::Array(sizes), Value::Array(lives))
+}
+
+fn incident_json(names: &Names, v: &[super::stats::Incident]) -> Value {
+    v.iter().map(|x| json!({"t_ns": x.t_ns, "api": names.get(x.api), "size": x.size, "result": x.result, "used": x.used})).collect()
+}
+
+pub fn to_json(r: &Report) -> Value {
+    let names = &r.merged.names;
+    let processes: Vec<Value> = r
+        .procs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let h = &r.merged.readers[i].header;
+            let devices: Vec<Value> = p
+                .devices
+                .iter()
+                .map(|d| {
+                    let (limit, total) = limit_of(r, i, d.index);
+                    let (sizes, lives) = hist_json(d);
+                    let leaks: Vec<Value> = d
+                        .largest_leaks(10)
+                        .iter()
+                        .map(|(ptr, l)| json!({"ptr": format!("{ptr:#x}"), "api": names.get(l.api), "size": l.size, "t_ns": l.t_ns}))
+                        .collect();
+                    json!({
+                        "index": d.index, "peak": d.peak, "peak_t_ns": d.peak_t_ns,
+                        "peak_unix_ns": h.start_unix_ns + d.peak_t_ns,
+                        "leaked_bytes": d.leaked_bytes(), "leaked_count": d.live.len(),
+                        "denied": d.denied, "failed": d.failed, "allocs": d.allocs, "frees": d.frees,
+                        "other_events": d.other, "unmatched_frees": d.unmatched_frees,
+                        "allocated_bytes": d.alloc_bytes, "used_at_end": d.used,
+                        "limit": limit, "total": total,
+                        "driver_ns": {"alloc": d.driver_ns[0], "free": d.driver_ns[1], "fail": d.driver_ns[2], "other": d.driver_ns[3]},
+                        "largest_leaks": leaks,
+                        "denials": incident_json(names, &d.denials), "failures": incident_json(names, &d.failures),
+                        "size_histogram": sizes, "lifetime_histogram": lives,
+                    })
+                })
+                .collect();
+            json!({"pid": h.pid, "exe": h.exe, "host": h.host, "group": h.group, "file": r.merged.readers[i].path,
+                   "start_unix_ns": h.start_unix_ns, "devices": devices,
+                   "dropped": r.merged.readers[i].summary.as_ref().map(|s| s.dropped),
+                   "complete": r.merged.readers[i].summary.is_some()})
+        })
+        .collect();
+    let combined: Vec<Value> = r
+        .combined
+        .iter()
+        .map(|c| json!({"index": c.index, "peak": c.peak, "peak_unix_ns": r.merged.origin_unix_ns + c.peak_t}))
+        .collect();
+    let skipped: Vec<Value> = r.merged.skips.first.iter().map(|s| json!({"file": s.file, "line": s.line, "reason": s.reason})).collect();
+    json!({"processes": processes, "combined": combined, "events": r.events,
+           "skipped_lines": r.merged.skips.count, "skipped": skipped})
+}
+
+fn secs(ns: u64) -> String {
+    format!("{:.3}s", ns as f64 / 1e9)
+}
+
+pub fn to_text(r: &Report) -> String {
+    let names = &r.merged.names;
+    let mut o = String::new();
+    for (i, p) in r.procs.iter().enumerate() {
+        let rd = &r.merged.readers[i];
+        let h = &rd.header;
+        let _ = writeln!(o, "process {} ({}) on {} — {}", h.pid, h.exe, h.host, rd.path.display());
+        if p.devices.is_empty() {
+            let _ = writeln!(o, "  no events");
+        }
+        for d in &p.devices {
+            let (limit, _) = limit_of(r, i, d.index);
+            let cap = limit.map(|l| format!(", cap {}", human(l))).unwrap_or_default();
+            let dev = if d.index < 0 { "no device".to_string() } else { format!("device {}", d.index) };
+            let _ = writeln!(o, "  {dev}{cap}");
+            let _ = writeln!(o, "    peak            {} at t={}", human(d.peak), secs(d.peak_t_ns));
+            let _ = writeln!(o, "    allocations     {} ({} total), frees {}, other events {}", d.allocs, human(d.alloc_bytes), d.frees, d.other);
+            let _ = writeln!(o, "    held at end     {} in {} allocation(s)", human(d.leaked_bytes()), d.live.len());
+            for (ptr, l) in d.largest_leaks(5) {
+                let _ = writeln!(o, "      {:>10}  {}  {ptr:#x}  allocated at t={}", human(l.size), names.get(l.api), secs(l.t_ns));
+            }
+            if d.unmatched_frees > 0 {
+                let _ = writeln!(o, "    frees without a traced allocation: {}", d.unmatched_frees);
+            }
+            let _ = writeln!(o, "    denied          {}", d.denied);
+            for x in &d.denials {
+                let _ = writeln!(o, "      t={}  {} {}  while using {}", secs(x.t_ns), names.get(x.api), human(x.size), human(x.used));
+            }
+            let _ = writeln!(o, "    driver failures {}", d.failed);
+            for x in &d.failures {
+                let _ = writeln!(o, "      t={}  {} {} → error {}  while using {}", secs(x.t_ns), names.get(x.api), human(x.size), x.result, human(x.used));
+            }
+            let dn = d.driver_ns;
+            let _ = writeln!(o, "    time in driver  {} (alloc {}, free {}, failed {}, other {})", secs(dn.iter().sum()), secs(dn[0]), secs(dn[1]), secs(dn[2]), secs(dn[3]));
+            if d.allocs > 0 {
+                let _ = writeln!(o, "    sizes");
+                for b in (0..64).filter(|&b| d.size_hist[b] > 0) {
+                    let _ = writeln!(o, "      {:>10} – {:<10} {:>10}", human(1u64 << b), human((1u64 << b).saturating_mul(2)), d.size_hist[b]);
+                }
+            }
+            if d.frees > 0 {
+                let _ = writeln!(o, "    lifetimes (freed allocations)");
+                for (k, n) in d.life_hist.iter().enumerate().filter(|(_, n)| **n > 0) {
+                    let label = LIFETIME_BOUNDS.get(k).map(|b| b.1).unwrap_or(">=100s");
+                    let _ = writeln!(o, "      {label:>8} {n:>10}");
+                }
+            }
+        }
+    }
+    for c in &r.combined {
+        let _ = writeln!(o, "all processes, device {}: peak {} at +{} from the first trace start", c.index, human(c.peak), secs(c.peak_t));
+    }
+    let _ = writeln!(o, "{} events, {} skipped line(s)", r.events, r.merged.skips.count);
+    for s in &r.merged.skips.first {
+        let _ = writeln!(o, "  skipped {}:{}: {}", s.file.display(), s.line, s.reason);
+    }
+    o
+}

@@ -1,0 +1,229 @@
+//! Group (container) caps: every process naming the same `VRAMCAP_GROUP` shares one budget per
+//! device, kept in a file mapped `MAP_SHARED` (layout and lock-free operations in [`shm`], the
+//! file itself in [`file`]). This module is the process's side: attaching once limits are
+//! resolved, the member slot, and the reserve/release steps `ledger` calls after its own.
+//!
+//! Nothing here waits on another process: reservation is one CAS on the group's counter, slot
+//! registration one CAS on a slot word. A member killed at any point costs the others at most
+//! the one allocation it was in the middle of (counted, never lost).
+
+pub mod file;
+pub mod shm;
+
+use crate::config::{GroupConfig, limits::DeviceInfo, size::human};
+use crate::ledger::{Denied, MAX_DEVICES};
+use shm::{Shared, SlotWord, State};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicUsize, Ordering::*};
+
+static SHM: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+static NAME: OnceLock<String> = OnceLock::new();
+const NO_ENTRY: u16 = u16::MAX;
+/// This process's CUDA ordinal → the group's device entry.
+static ENTRY: [AtomicU16; MAX_DEVICES] = [const { AtomicU16::new(NO_ENTRY) }; MAX_DEVICES];
+const NO_SLOT: usize = usize::MAX;
+/// After `exit()` began: charges are no longer taken.
+const CLOSED: usize = usize::MAX - 1;
+static MY_SLOT: AtomicUsize = AtomicUsize::new(NO_SLOT);
+
+/// The group this process belongs to (trace header, sidecar metrics).
+pub fn name() -> Option<&'static str> {
+    NAME.get().map(String::as_str)
+}
+
+#[inline]
+fn shared() -> Option<&'static Shared> {
+    let p = SHM.load(Acquire);
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+#[inline]
+pub fn active() -> bool {
+    !SHM.load(Relaxed).is_null()
+}
+
+#[inline]
+fn entry(dev: usize) -> Option<usize> {
+    let e = ENTRY.get(dev)?.load(Relaxed);
+    (e != NO_ENTRY).then_some(e as usize)
+}
+
+/// The group's (limit, used) on one of this process's devices, when the group caps it.
+pub fn view(dev: usize) -> Option<(u64, u64)> {
+    let (s, e) = (shared()?, entry(dev)?);
+    let d = &s.devices[e];
+    let limit = d.limit.load(Acquire);
+    (limit != 0).then(|| (limit, d.used.load(Acquire)))
+}
+
+/// The container's default group name: processes of one container share a cgroup.
+fn container_name() -> String {
+    let cg = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    format!("hami-{:016x}", shm::device_key(&cg))
+}
+
+/// Joins the group once the devices are known; `limits` are this process's resolved
+/// `VRAMCAP_GROUP_LIMIT` (bytes per visible device, 0 = none), `None` to adopt the group's.
+/// Racing first callers each do the whole job and publish with CAS: nobody waits.
+pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>) -> Result<(), String> {
+    if active() && MY_SLOT.load(Acquire) != NO_SLOT {
+        return Ok(());
+    }
+    let name = cfg.name.clone().unwrap_or_else(container_name);
+    let path = file::path_for(&cfg.dir, &name);
+    let m = file::open_or_create(&path, &name)?;
+    let s = m.shm;
+    let mut entries = Vec::with_capacity(devices.len());
+    for (d, info) in devices.iter().enumerate() {
+        let id = if info.uuid.is_empty() { format!("ordinal-{d}") } else { info.uuid.clone() };
+        let e = s.device_entry(shm::device_key(&id)).ok_or_else(|| {
+            format!("group ledger {} already tracks {} devices", path.display(), shm::DEVICES)
+        })?;
+        entries.push(e);
+    }
+    if let Some(limits) = limits {
+        for (d, (&e, &want)) in entries.iter().zip(limits).enumerate() {
+            let old = s.set_limit(e, want);
+            if old != want && old != 0 {
+                let show = |b: u64| if b == 0 { "no limit".to_string() } else { human(b) };
+                crate::log::write_line(&format!(
+                    "vramcap: group \"{name}\" device {d}: limit changed from {} to {} by pid {} \
+                     (the newest VRAMCAP_GROUP_LIMIT wins)",
+                    show(old),
+                    show(want),
+                    std::process::id()
+                ));
+            }
+        }
+    }
+    let slot = register(s).ok_or_else(|| {
+        format!("group ledger {}: all {} member slots are taken by live processes", path.display(), shm::SLOTS)
+    })?;
+    for (d, &e) in entries.iter().enumerate() {
+        ENTRY[d].store(e as u16, Release);
+    }
+    if let Err(winner) = MY_SLOT.compare_exchange(NO_SLOT, slot, AcqRel, Acquire) {
+        // A racing thread of ours registered first: give ours back (it holds nothing).
+        if winner != slot {
+            s.reclaim(slot, s.slots[slot].word.load(Acquire), std::process::id());
+        }
+    }
+    let _ = NAME.set(name);
+    if SHM.compare_exchange(std::ptr::null_mut(), s as *const Shared as *mut Shared, AcqRel, Acquire).is_err() {
+        m.unmap();
+    }
+    install_process_hooks();
+    Ok(())
+}
+
+fn register(s: &Shared) -> Option<usize> {
+    let (pid, start) = (std::process::id(), file::self_start());
+    s.claim(pid, start).or_else(|| {
+        reclaim_in(s);
+        s.claim(pid, start)
+    })
+}
+
+/// Our slot, registering (cold) in a child after fork.
+#[inline]
+fn my_slot(s: &Shared) -> Option<usize> {
+    match MY_SLOT.load(Acquire) {
+        CLOSED => None,
+        NO_SLOT => register_late(s),
+        i => Some(i),
+    }
+}
+
+#[cold]
+fn register_late(s: &Shared) -> Option<usize> {
+    let slot = register(s)?;
+    match MY_SLOT.compare_exchange(NO_SLOT, slot, AcqRel, Acquire) {
+        Ok(_) => Some(slot),
+        Err(CLOSED) => {
+            s.reclaim(slot, s.slots[slot].word.load(Acquire), std::process::id());
+            None
+        }
+        Err(winner) => {
+            s.reclaim(slot, s.slots[slot].word.load(Acquire), std::process::id());
+            Some(winner)
+        }
+    }
+}
+
+/// The group step of a reservation (after the process's own succeeded).
+#[inline]
+pub fn reserve(dev: usize, size: u64) -> Result<(), Denied> {
+    let (Some(s), Some(e)) = (shared(), entry(dev)) else { return Ok(()) };
+    let Some(slot) = my_slot(s) else { return Err(Denied { used: 0, limit: 0, group: true }) };
+    match s.charge(slot, e, size) {
+        Ok(()) => Ok(()),
+        Err(_) => reserve_after_reclaim(s, slot, e, size),
+    }
+}
+
+/// Would be denied: first give back what dead members still hold, then try once more.
+#[cold]
+fn reserve_after_reclaim(s: &Shared, slot: usize, e: usize, size: u64) -> Result<(), Denied> {
+    reclaim_in(s);
+    s.charge(slot, e, size).map_err(|o| Denied { used: o.used, limit: o.limit, group: true })
+}
+
+/// The group step of `ledger::charge` (memory the driver already handed out).
+pub fn charge(dev: usize, size: u64) {
+    let (Some(s), Some(e)) = (shared(), entry(dev)) else { return };
+    if let Some(slot) = my_slot(s) {
+        s.charge_unchecked(slot, e, size);
+    }
+}
+
+/// The group step of a release.
+#[inline]
+pub fn release(dev: usize, size: u64) {
+    let (Some(s), Some(e)) = (shared(), entry(dev)) else { return };
+    if let i @ 0..shm::SLOTS = MY_SLOT.load(Acquire) {
+        s.uncharge(i, e, size);
+    }
+}
+
+/// Gives back what dead members of this process's group hold; returns (members, bytes).
+/// The sidecar calls this (or [`reclaim_in`] on a ledger it opened) periodically.
+pub fn reclaim_dead() -> (usize, u64) {
+    shared().map_or((0, 0), reclaim_in)
+}
+
+pub fn reclaim_in(s: &Shared) -> (usize, u64) {
+    s.reclaim_dead(std::process::id(), &file::liveness)
+}
+
+static HOOKS: AtomicBool = AtomicBool::new(false);
+
+fn install_process_hooks() {
+    if HOOKS.swap(true, AcqRel) {
+        return;
+    }
+    unsafe {
+        libc::atexit(leave);
+        libc::pthread_atfork(None, None, Some(forked_child));
+    }
+}
+
+/// At `exit()` the driver is about to free everything this process holds: give it back now.
+/// (A killed process is reclaimed by the others instead.)
+extern "C" fn leave() {
+    let slot = MY_SLOT.swap(CLOSED, AcqRel);
+    let Some(s) = shared() else { return };
+    if slot < shm::SLOTS {
+        let w = s.slots[slot].word.load(Acquire);
+        let sw = SlotWord::unpack(w);
+        if sw.state == State::Live && sw.pid == std::process::id() {
+            s.reclaim(slot, w, sw.pid);
+        }
+    }
+}
+
+/// A child is a new member: it registers its own slot on its first charge.
+extern "C" fn forked_child() {
+    if MY_SLOT.load(Relaxed) != CLOSED {
+        MY_SLOT.store(NO_SLOT, Relaxed);
+    }
+}

@@ -1,0 +1,459 @@
+//! The shared ledger of a group, as it lies in the mmapped file, and every operation on it.
+//!
+//! Everything here is lock-free: the only cross-process synchronisation is compare-and-swap on
+//! 64-bit words, so a member killed at any instruction can never leave another one waiting.
+//!
+//! - A **device entry** per GPU (keyed by a hash of its UUID, so members with different
+//!   `CUDA_VISIBLE_DEVICES` agree on which GPU is which) holds the group's `limit` and `used`.
+//!   Reserving is one CAS on `used` that fails when `used + size > limit`.
+//! - A **slot** per member process holds its identity (pid + start time from `/proc/<pid>/stat`)
+//!   and what it has charged on each device entry. Invariant: `used ≥ Σ slot charges`; every
+//!   step that could be interrupted errs on the side of `used` being too high (a leak makes the
+//!   cap stricter, never looser).
+//! - A dead member's slot is reclaimed by whoever first moves its word from LIVE to RECLAIMING
+//!   with one CAS: exactly once. The word carries a generation so a slot freed and taken again
+//!   between our look and our CAS is not mistaken for the one we looked at.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
+pub const VERSION: u32 = 1;
+pub const DEVICES: usize = 64;
+pub const SLOTS: usize = 1024;
+pub const NAME_BYTES: usize = 64;
+
+#[repr(C)]
+pub struct Header {
+    pub magic: AtomicU64,
+    pub version: AtomicU32,
+    /// `size_of::<Shared>()` as the creator built it: a different layout is refused.
+    pub layout_bytes: AtomicU32,
+    pub devices: AtomicU32,
+    pub slots: AtomicU32,
+    /// Bumped on every limit change (the sidecar can watch it).
+    pub limit_seq: AtomicU64,
+    /// Group name, NUL-padded (for tools reading the file).
+    pub name: [AtomicU64; NAME_BYTES / 8],
+}
+
+#[repr(C, align(64))]
+pub struct Device {
+    /// 0: unused; otherwise the device key (never 0, see [`device_key`]).
+    pub key: AtomicU64,
+    /// Bytes; 0 = no limit.
+    pub limit: AtomicU64,
+    pub used: AtomicU64,
+    pub peak: AtomicU64,
+}
+
+#[repr(C, align(64))]
+pub struct Slot {
+    /// [`SlotWord`] packed: state, generation, pid.
+    pub word: AtomicU64,
+    /// Owner's start time (clock ticks after boot, `/proc/<pid>/stat` field 22).
+    pub start: AtomicU64,
+    /// Bytes charged per device entry.
+    pub charge: [AtomicU64; DEVICES],
+}
+
+#[repr(C)]
+pub struct Shared {
+    pub header: Header,
+    pub devices: [Device; DEVICES],
+    pub slots: [Slot; SLOTS],
+}
+
+pub const LAYOUT_BYTES: usize = std::mem::size_of::<Shared>();
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Free = 0,
+    /// Taken by `pid`, identity being written (no charges yet).
+    Claiming = 1,
+    Live = 2,
+    /// Being emptied by `pid` (the reclaimer, or the owner leaving).
+    Reclaiming = 3,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotWord {
+    pub state: State,
+    /// 30 bits, bumped on every claim.
+    pub generation: u32,
+    pub pid: u32,
+}
+
+impl SlotWord {
+    pub fn pack(self) -> u64 {
+        ((self.state as u64) << 62) | (((self.generation & 0x3fff_ffff) as u64) << 32) | self.pid as u64
+    }
+    pub fn unpack(w: u64) -> SlotWord {
+        let state = match w >> 62 {
+            0 => State::Free,
+            1 => State::Claiming,
+            2 => State::Live,
+            _ => State::Reclaiming,
+        };
+        SlotWord { state, generation: ((w >> 32) & 0x3fff_ffff) as u32, pid: w as u32 }
+    }
+}
+
+/// Whether the process named by a slot still runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    Alive,
+    /// Gone, or its pid now belongs to a process with another start time.
+    Dead,
+}
+
+/// Stable, never-zero key of a GPU (FNV-1a of its UUID string).
+pub fn device_key(id: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h.max(1)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Over {
+    pub used: u64,
+    pub limit: u64,
+}
+
+impl Shared {
+    /// Fills a zeroed mapping before it is published (only the creator, before `link`).
+    pub fn init(&self, name: &str) {
+        let h = &self.header;
+        let mut buf = [0u8; NAME_BYTES];
+        let n = name.len().min(NAME_BYTES);
+        buf[..n].copy_from_slice(&name.as_bytes()[..n]);
+        for (i, w) in h.name.iter().enumerate() {
+            w.store(u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap()), Relaxed);
+        }
+        h.version.store(VERSION, Relaxed);
+        h.layout_bytes.store(LAYOUT_BYTES as u32, Relaxed);
+        h.devices.store(DEVICES as u32, Relaxed);
+        h.slots.store(SLOTS as u32, Relaxed);
+        h.magic.store(MAGIC, Release);
+    }
+
+    /// Why this mapping is not a ledger we can use, if it is not.
+    pub fn validate(&self) -> Result<(), String> {
+        let h = &self.header;
+        if h.magic.load(Acquire) != MAGIC {
+            return Err("bad magic: not a vramcap group ledger, or corrupted".into());
+        }
+        let v = h.version.load(Relaxed);
+        if v != VERSION {
+            return Err(format!("format version {v}, this vramcap understands version {VERSION}"));
+        }
+        let (l, d, s) = (h.layout_bytes.load(Relaxed), h.devices.load(Relaxed), h.slots.load(Relaxed));
+        if (l as usize, d as usize, s as usize) != (LAYOUT_BYTES, DEVICES, SLOTS) {
+            return Err(format!(
+                "layout {l} bytes/{d} devices/{s} slots, expected {LAYOUT_BYTES}/{DEVICES}/{SLOTS}"
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn name(&self) -> String {
+        let bytes: Vec<u8> = self.header.name.iter().flat_map(|w| w.load(Relaxed).to_le_bytes()).collect();
+        String::from_utf8_lossy(&bytes).trim_end_matches('\0').to_string()
+    }
+
+    /// The entry of device `key`, taking a free one if the group has not seen it yet. Entries are
+    /// taken in order with one CAS each, so two racing members always agree on the index.
+    pub fn device_entry(&self, key: u64) -> Option<usize> {
+        for (i, d) in self.devices.iter().enumerate() {
+            match d.key.compare_exchange(0, key, AcqRel, Acquire) {
+                Ok(_) => return Some(i),
+                Err(k) if k == key => return Some(i),
+                Err(_) => {}
+            }
+        }
+        None
+    }
+
+    /// Sets a device's group limit (0 = none); returns the previous one.
+    pub fn set_limit(&self, e: usize, bytes: u64) -> u64 {
+        let old = self.devices[e].limit.swap(bytes, AcqRel);
+        if old != bytes {
+            self.header.limit_seq.fetch_add(1, Release);
+        }
+        old
+    }
+
+    /// The single reservation step: one CAS on the device's `used`.
+    #[inline]
+    pub fn reserve(&self, e: usize, size: u64) -> Result<u64, Over> {
+        let d = &self.devices[e];
+        let limit = d.limit.load(Acquire);
+        let limit = if limit == 0 { u64::MAX } else { limit };
+        let mut cur = d.used.load(Relaxed);
+        loop {
+            let next = match cur.checked_add(size) {
+                Some(n) if n <= limit => n,
+                _ => return Err(Over { used: cur, limit }),
+            };
+            match d.used.compare_exchange_weak(cur, next, AcqRel, Relaxed) {
+                Ok(_) => return Ok(next),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Reserve, then record the charge in `slot`.
+    #[inline]
+    pub fn charge(&self, slot: usize, e: usize, size: u64) -> Result<(), Over> {
+        let next = self.reserve(e, size)?;
+        // A kill between the two steps leaves `used` too high (stricter), never too low.
+        self.slots[slot].charge[e].fetch_add(size, AcqRel);
+        let d = &self.devices[e];
+        if next > d.peak.load(Relaxed) {
+            d.peak.fetch_max(next, Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Charges memory the driver already handed out (see `ledger::charge`): no limit check.
+    pub fn charge_unchecked(&self, slot: usize, e: usize, size: u64) {
+        let next = self.devices[e].used.fetch_add(size, AcqRel).saturating_add(size);
+        self.slots[slot].charge[e].fetch_add(size, AcqRel);
+        let d = &self.devices[e];
+        if next > d.peak.load(Relaxed) {
+            d.peak.fetch_max(next, Relaxed);
+        }
+    }
+
+    /// Gives back up to `size` of what `slot` holds on `e`; returns what was given back. Never
+    /// more than the slot holds, so `used` stays ≥ the sum of the slots even for charges made
+    /// under another identity (e.g. inherited across fork).
+    #[inline]
+    pub fn uncharge(&self, slot: usize, e: usize, size: u64) -> u64 {
+        let taken = sub_saturating(&self.slots[slot].charge[e], size);
+        sub_saturating(&self.devices[e].used, taken);
+        taken
+    }
+
+    /// Takes a free slot for `pid`/`start`.
+    pub fn claim(&self, pid: u32, start: u64) -> Option<usize> {
+        for (i, s) in self.slots.iter().enumerate() {
+            let w = s.word.load(Acquire);
+            let sw = SlotWord::unpack(w);
+            if sw.state != State::Free {
+                continue;
+            }
+            let claiming = SlotWord { state: State::Claiming, generation: sw.generation.wrapping_add(1), pid };
+            if s.word.compare_exchange(w, claiming.pack(), AcqRel, Relaxed).is_ok() {
+                s.start.store(start, Release);
+                s.word.store(SlotWord { state: State::Live, ..claiming }.pack(), Release);
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Empties a slot whose word is `w` on behalf of `me`; exactly one caller succeeds for a
+    /// given `w`. Returns the bytes given back to the group.
+    pub fn reclaim(&self, i: usize, w: u64, me: u32) -> Option<u64> {
+        let s = &self.slots[i];
+        let sw = SlotWord::unpack(w);
+        let mine = SlotWord { state: State::Reclaiming, generation: sw.generation, pid: me };
+        s.word.compare_exchange(w, mine.pack(), AcqRel, Relaxed).ok()?;
+        let mut total = 0;
+        for (e, c) in s.charge.iter().enumerate() {
+            // Zero the slot first: a kill right here leaks (stricter), never double-counts.
+            let held = c.swap(0, AcqRel);
+            if held > 0 {
+                sub_saturating(&self.devices[e].used, held);
+                total += held;
+            }
+        }
+        s.start.store(0, Relaxed);
+        s.word.store(SlotWord { state: State::Free, generation: sw.generation, pid: 0 }.pack(), Release);
+        Some(total)
+    }
+
+    /// Reclaims every slot whose owner is gone (`alive` is asked about LIVE/CLAIMING owners with
+    /// their start time, and about reclaimers with start 0). Returns (slots, bytes) reclaimed.
+    pub fn reclaim_dead(&self, me: u32, alive: &dyn Fn(u32, u64) -> Liveness) -> (usize, u64) {
+        let (mut n, mut bytes) = (0, 0);
+        for (i, s) in self.slots.iter().enumerate() {
+            let w = s.word.load(Acquire);
+            let sw = SlotWord::unpack(w);
+            let dead = match sw.state {
+                State::Free => false,
+                State::Live => alive(sw.pid, s.start.load(Acquire)) == Liveness::Dead,
+                // Neither carries a start time we can trust: only a vanished pid counts.
+                State::Claiming | State::Reclaiming => alive(sw.pid, 0) == Liveness::Dead,
+            };
+            // The word is compared again by the CAS: a slot re-taken meanwhile has another
+            // generation and is left alone.
+            if dead && let Some(b) = self.reclaim(i, w, me) {
+                n += 1;
+                bytes += b;
+            }
+        }
+        (n, bytes)
+    }
+
+    /// Number of slots in use.
+    pub fn members(&self) -> usize {
+        self.slots.iter().filter(|s| SlotWord::unpack(s.word.load(Acquire)).state != State::Free).count()
+    }
+}
+
+fn sub_saturating(a: &AtomicU64, v: u64) -> u64 {
+    let mut cur = a.load(Relaxed);
+    loop {
+        let take = cur.min(v);
+        match a.compare_exchange_weak(cur, cur - take, AcqRel, Relaxed) {
+            Ok(_) => return take,
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A zeroed `Shared` on the heap: the same state a fresh file has.
+    pub fn fresh() -> Box<Shared> {
+        let layout = std::alloc::Layout::new::<Shared>();
+        unsafe { Box::from_raw(std::alloc::alloc_zeroed(layout).cast::<Shared>()) }
+    }
+
+    #[test]
+    fn layout_is_fixed() {
+        // Changing this means changing VERSION: members built from different versions share files.
+        assert_eq!(std::mem::size_of::<Header>(), 96);
+        assert_eq!(std::mem::size_of::<Device>(), 64);
+        assert_eq!(std::mem::size_of::<Slot>(), 576);
+        assert_eq!(LAYOUT_BYTES, 128 + 64 * 64 + 576 * 1024);
+        assert_eq!(std::mem::offset_of!(Shared, devices) % 64, 0);
+    }
+
+    #[test]
+    fn slot_word_round_trips() {
+        for w in [
+            SlotWord { state: State::Free, generation: 0, pid: 0 },
+            SlotWord { state: State::Live, generation: 0x3fff_ffff, pid: u32::MAX },
+            SlotWord { state: State::Reclaiming, generation: 7, pid: 4_194_304 },
+            SlotWord { state: State::Claiming, generation: 1, pid: 1 },
+        ] {
+            assert_eq!(SlotWord::unpack(w.pack()), w);
+        }
+    }
+
+    #[test]
+    fn init_validate_and_corruption() {
+        let s = fresh();
+        assert!(s.validate().unwrap_err().contains("bad magic"));
+        s.init("team-a");
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(s.name(), "team-a");
+        s.header.version.store(9, Relaxed);
+        assert!(s.validate().unwrap_err().contains("version 9"));
+        s.header.version.store(VERSION, Relaxed);
+        s.header.slots.store(3, Relaxed);
+        assert!(s.validate().unwrap_err().contains("3 slots"));
+    }
+
+    #[test]
+    fn device_entries_are_shared_by_key() {
+        let s = fresh();
+        let (a, b) = (device_key("GPU-a"), device_key("GPU-b"));
+        assert_eq!(s.device_entry(a), Some(0));
+        assert_eq!(s.device_entry(b), Some(1));
+        assert_eq!(s.device_entry(a), Some(0));
+        assert_ne!(device_key(""), 0);
+    }
+
+    #[test]
+    fn charges_respect_the_limit_and_release_exactly() {
+        let s = fresh();
+        s.set_limit(0, 100);
+        let m = s.claim(10, 5).unwrap();
+        assert!(s.charge(m, 0, 60).is_ok());
+        assert_eq!(s.charge(m, 0, 41), Err(Over { used: 60, limit: 100 }));
+        assert!(s.charge(m, 0, 40).is_ok());
+        assert_eq!(s.uncharge(m, 0, 30), 30);
+        assert_eq!(s.devices[0].used.load(Relaxed), 70);
+        // More than the slot holds: only what it holds leaves the group.
+        let other = s.claim(11, 5).unwrap();
+        s.charge(other, 0, 20).unwrap();
+        assert_eq!(s.uncharge(m, 0, 1000), 70);
+        assert_eq!(s.devices[0].used.load(Relaxed), 20);
+        assert_eq!(s.devices[0].peak.load(Relaxed), 100);
+        s.set_limit(0, 0);
+        assert!(s.charge(m, 0, u64::MAX / 2).is_ok(), "0 = no limit");
+    }
+
+    #[test]
+    fn dead_members_are_reclaimed_once_and_pid_reuse_is_not_death() {
+        let s = fresh();
+        let dead = s.claim(100, 1111).unwrap();
+        let live = s.claim(100, 2222).unwrap(); // same pid, newer start: the pid was reused
+        s.charge(dead, 3, 500).unwrap();
+        s.charge(live, 3, 70).unwrap();
+        // The only process with pid 100 started at 2222.
+        let oracle = |pid: u32, start: u64| {
+            if pid == 100 && (start == 2222 || start == 0) { Liveness::Alive } else { Liveness::Dead }
+        };
+        assert_eq!(s.reclaim_dead(1, &oracle), (1, 500));
+        assert_eq!(s.devices[3].used.load(Relaxed), 70);
+        assert_eq!(SlotWord::unpack(s.slots[live].word.load(Relaxed)).state, State::Live);
+        assert_eq!(s.slots[live].charge[3].load(Relaxed), 70);
+        assert_eq!(s.reclaim_dead(1, &oracle), (0, 0), "exactly once");
+        // A stale view of the reclaimed slot (older generation) cannot reclaim the new owner.
+        let stale = SlotWord { state: State::Live, generation: 1, pid: 100 }.pack();
+        let again = s.claim(300, 9).unwrap();
+        assert_eq!(again, dead);
+        s.charge(again, 3, 5).unwrap();
+        assert_eq!(s.reclaim(again, stale, 1), None);
+        assert_eq!(s.devices[3].used.load(Relaxed), 75);
+        assert_eq!(s.members(), 2);
+    }
+
+    #[test]
+    fn a_reclaimer_that_died_midway_is_taken_over() {
+        let s = fresh();
+        let m = s.claim(50, 1).unwrap();
+        s.charge(m, 0, 8).unwrap();
+        // Reclaimer 60 took the slot and died before emptying it.
+        let w = s.slots[m].word.load(Relaxed);
+        let stuck = SlotWord { state: State::Reclaiming, pid: 60, ..SlotWord::unpack(w) }.pack();
+        s.slots[m].word.store(stuck, Relaxed);
+        let oracle = |pid: u32, _| if pid == 60 || pid == 50 { Liveness::Dead } else { Liveness::Alive };
+        assert_eq!(s.reclaim_dead(7, &oracle), (1, 8));
+        assert_eq!(s.devices[0].used.load(Relaxed), 0);
+        assert_eq!(s.members(), 0);
+    }
+
+    #[test]
+    fn racing_threads_never_exceed_and_end_at_zero() {
+        let s: &'static Shared = Box::leak(fresh());
+        s.set_limit(0, 1000);
+        let ts: Vec<_> = (0..8u32)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let m = s.claim(1000 + t, 1).unwrap();
+                    for i in 0..20_000u64 {
+                        if s.charge(m, 0, 1 + i % 13).is_ok() {
+                            assert!(s.devices[0].used.load(Relaxed) <= 1000);
+                            s.uncharge(m, 0, 1 + i % 13);
+                        }
+                    }
+                    s.slots[m].charge[0].load(Relaxed)
+                })
+            })
+            .collect();
+        for t in ts {
+            assert_eq!(t.join().unwrap(), 0);
+        }
+        assert_eq!(s.devices[0].used.load(Relaxed), 0);
+        assert!(s.devices[0].peak.load(Relaxed) <= 1000);
+    }
+}

@@ -1,0 +1,89 @@
+//! CUDA arrays (textures, surfaces): charged the bytes their descriptor describes, keyed by handle.
+//! Element sizes come from the documented `CUarray_format` values; a format we do not know is
+//! charged 16 bytes per channel element (the largest element) so that it is never under-counted.
+
+use super::charge::{self, Target};
+use super::MISSING_REAL;
+use crate::ffi::*;
+use crate::hooks::{Hook, real};
+use crate::ledger::Kind;
+use std::ffi::c_uint;
+
+fn element_bytes(format: i32) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,        // (UN)SIGNED_INT8
+        0x02 | 0x09 | 0x10 => 2, // (UN)SIGNED_INT16, HALF
+        0x03 | 0x0a | 0x20 => 4, // (UN)SIGNED_INT32, FLOAT
+        _ => 16,
+    }
+}
+
+/// Bytes of a (mipmapped) array: the sum over levels, each dimension halved per level, an absent
+/// dimension (0) counted as 1.
+pub fn array_bytes(w: usize, h: usize, d: usize, format: i32, channels: u32, levels: u32) -> u64 {
+    let per = element_bytes(format).saturating_mul(channels.max(1) as u64);
+    (0..levels.max(1))
+        .map(|l| {
+            let dim = |v: usize| ((v as u64) >> l).max(1);
+            dim(w).saturating_mul(dim(h)).saturating_mul(dim(d)).saturating_mul(per)
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
+pub unsafe fn create_2d(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult {
+    let Some(f) = real::cuArrayCreate_v2() else { return MISSING_REAL };
+    let call = || unsafe { f(arr, desc) };
+    if desc.is_null() || arr.is_null() {
+        return call();
+    }
+    let d = unsafe { &*desc };
+    let size = array_bytes(d.width, d.height, 0, d.format, d.num_channels, 1);
+    charge::alloc(Hook::cuArrayCreate_v2, Kind::Array, Target::CurrentContext, size, call, || unsafe { *arr as u64 })
+}
+
+pub unsafe fn create_3d(arr: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult {
+    let Some(f) = real::cuArray3DCreate_v2() else { return MISSING_REAL };
+    let call = || unsafe { f(arr, desc) };
+    if desc.is_null() || arr.is_null() {
+        return call();
+    }
+    let d = unsafe { &*desc };
+    let size = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels, 1);
+    charge::alloc(Hook::cuArray3DCreate_v2, Kind::Array, Target::CurrentContext, size, call, || unsafe { *arr as u64 })
+}
+
+pub unsafe fn create_mipmapped(arr: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult {
+    let Some(f) = real::cuMipmappedArrayCreate() else { return MISSING_REAL };
+    let call = || unsafe { f(arr, desc, levels) };
+    if desc.is_null() || arr.is_null() {
+        return call();
+    }
+    let d = unsafe { &*desc };
+    let size = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels, levels);
+    charge::alloc(Hook::cuMipmappedArrayCreate, Kind::Array, Target::CurrentContext, size, call, || unsafe { *arr as u64 })
+}
+
+pub unsafe fn destroy(arr: CUarray) -> CUresult {
+    let Some(f) = real::cuArrayDestroy() else { return MISSING_REAL };
+    charge::free(Hook::cuArrayDestroy, Kind::Array, arr as u64, || unsafe { f(arr) })
+}
+
+pub unsafe fn destroy_mipmapped(arr: CUmipmappedArray) -> CUresult {
+    let Some(f) = real::cuMipmappedArrayDestroy() else { return MISSING_REAL };
+    charge::free(Hook::cuMipmappedArrayDestroy, Kind::Array, arr as u64, || unsafe { f(arr) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::array_bytes;
+
+    #[test]
+    fn descriptor_bytes() {
+        assert_eq!(array_bytes(1024, 0, 0, 0x20, 4, 1), 1024 * 16);
+        assert_eq!(array_bytes(1024, 512, 0, 0x01, 1, 1), 1024 * 512);
+        assert_eq!(array_bytes(64, 64, 64, 0x02, 2, 1), 64 * 64 * 64 * 4);
+        // 8x8 float, 4 levels: 64 + 16 + 4 + 1 texels.
+        assert_eq!(array_bytes(8, 8, 0, 0x20, 1, 4), (64 + 16 + 4 + 1) * 4);
+        assert_eq!(array_bytes(4, 0, 0, 0x7f, 1, 1), 4 * 16, "unknown formats are never under-counted");
+    }
+}

@@ -1,0 +1,71 @@
+//! NVML's memory view (`nvidia-smi`, monitoring agents, frameworks that size themselves from it)
+//! agrees with `cuMemGetInfo_v2`: total = min(limit, physical), used from our ledger, free =
+//! min(physical free, total − used), never above physical, never negative. NVML numbers devices
+//! its own way (all GPUs, no `CUDA_VISIBLE_DEVICES`), so a handle is matched to a CUDA ordinal by
+//! UUID; a GPU this process cannot see through CUDA keeps the physical view.
+
+use super::init::{ensure_limits, format_uuid};
+use super::mem::virtual_info;
+use super::{Mode, guarded, mode};
+use crate::ffi::*;
+use crate::hooks::{import, real};
+use crate::ledger;
+use std::ffi::{CStr, c_char};
+
+/// The CUDA ordinal of an NVML device handle, by UUID.
+fn cuda_ordinal(dev: nvmlDevice_t) -> Option<usize> {
+    let f = import::nvmlDeviceGetUUID()?;
+    let mut buf = [0 as c_char; 96];
+    if unsafe { f(dev, buf.as_mut_ptr(), buf.len() as u32) } != NVML_SUCCESS {
+        return None;
+    }
+    let uuid = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().ok()?.to_ascii_lowercase();
+    let (count_fn, get_fn, uuid_fn) = (import::cuDeviceGetCount()?, import::cuDeviceGet()?, import::cuDeviceGetUuid()?);
+    let mut n = 0;
+    if unsafe { count_fn(&mut n) } != CUDA_SUCCESS {
+        return None;
+    }
+    (0..n.max(0) as usize).find(|&i| {
+        let (mut d, mut b) = (0, [0u8; 16]);
+        let ok = unsafe { get_fn(&mut d, i as i32) == CUDA_SUCCESS && uuid_fn(&mut b, d) == CUDA_SUCCESS };
+        ok && format_uuid(&b).to_ascii_lowercase() == uuid
+    })
+}
+
+/// (total, free, used) as this process should see them, or `None` for the physical view.
+fn capped(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64, u64, u64)> {
+    if mode() != Mode::Enforce || ensure_limits().is_err() {
+        return None;
+    }
+    let d = cuda_ordinal(dev)?;
+    ledger::limit(d)?;
+    super::pool::refresh_device(d);
+    let (free, total) = virtual_info(d, phys_free, phys_total);
+    Some((total, free, ledger::used(d).min(total)))
+}
+
+pub unsafe fn memory_info(dev: nvmlDevice_t, mem: *mut nvmlMemory_t) -> nvmlReturn_t {
+    let Some(f) = real::nvmlDeviceGetMemoryInfo() else { return 13 }; // NVML_ERROR_FUNCTION_NOT_FOUND
+    let rc = unsafe { f(dev, mem) };
+    if rc == NVML_SUCCESS && !mem.is_null() {
+        let m = unsafe { &mut *mem };
+        if let Some((t, fr, u)) = guarded(None, || capped(dev, m.total, m.free)) {
+            (m.total, m.free, m.used) = (t, fr, u);
+        }
+    }
+    rc
+}
+
+pub unsafe fn memory_info_v2(dev: nvmlDevice_t, mem: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
+    let Some(f) = real::nvmlDeviceGetMemoryInfo_v2() else { return 13 };
+    let rc = unsafe { f(dev, mem) };
+    if rc == NVML_SUCCESS && !mem.is_null() {
+        let m = unsafe { &mut *mem };
+        if let Some((t, fr, u)) = guarded(None, || capped(dev, m.total, m.free)) {
+            // Driver-reserved memory stays what it is, squeezed so the parts add up to the total.
+            m.reserved = m.reserved.min(t.saturating_sub(u).saturating_sub(fr));
+            (m.total, m.free, m.used) = (t, fr, u);
+        }
+    }
+    rc
+}

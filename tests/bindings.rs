@@ -1,0 +1,22 @@
+//! NVIDIA's own Python client (`cuda-bindings` from PyPI, installed into `.venv` by scripts/test)
+//! drives the driver under the preload. Missing venv is a failure, never a skip.
+
+mod common;
+use common::*;
+
+#[test]
+fn nvidia_cuda_bindings_are_capped() {
+    build_c();
+    let py = root().join(".venv/bin/python");
+    assert!(
+        py.exists(),
+        "{} missing: scripts/test creates it (python3 -m venv .venv && .venv/bin/pip install cuda-bindings)",
+        py.display()
+    );
+    let out = Run::program(&py)
+        .env("VRAMCAP_LIMIT", "64m")
+        .args([root().join("tests/python/bindings_driver.py").to_str().unwrap()])
+        .run();
+    assert!(out.status.success(), "cuda-bindings test failed:\n{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("bindings ok"), "{}", out.stdout);
+}

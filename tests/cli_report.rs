@@ -1,0 +1,102 @@
+//! `vramcap report` on golden traces with known answers (tests/data/job_rank*.jsonl: see the
+//! numbers worked out in each test), merging on the wall clock, and corrupt input.
+
+mod cli_support;
+use cli_support::*;
+
+fn device<'a>(r: &'a serde_json::Value, pid: u64) -> &'a serde_json::Value {
+    let p = r["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).expect("process");
+    &p["devices"][0]
+}
+
+#[test]
+fn golden_trace_peak_leaks_denials() {
+    let r = json(&["report", "--json", &data("job_rank0.jsonl")]);
+    assert_eq!(r["skipped_lines"], 0);
+    let p = &r["processes"][0];
+    assert_eq!((p["pid"].as_u64(), p["exe"].as_str()), (Some(100), Some("python3")));
+    let d = device(&r, 100);
+    assert_eq!(d["index"], 0);
+    // 1 GiB + 2 GiB live at t=2000 is the peak; the denial at 3000 does not charge.
+    assert_eq!(d["peak"].as_u64(), Some(3 * GIB));
+    assert_eq!(d["peak_t_ns"].as_u64(), Some(2000));
+    // 0x1000 (1 GiB) and 0x3000 (512 MiB) are never freed.
+    assert_eq!(d["leaked_bytes"].as_u64(), Some(GIB + 512 * MIB));
+    assert_eq!(d["leaked_count"].as_u64(), Some(2));
+    assert_eq!(d["largest_leaks"][0]["ptr"], "0x1000");
+    assert_eq!(d["largest_leaks"][1]["api"], "cuMemAllocAsync");
+    assert_eq!((d["denied"].as_u64(), d["failed"].as_u64()), (Some(1), Some(1)));
+    assert_eq!((d["allocs"].as_u64(), d["frees"].as_u64()), (Some(4), Some(2)));
+    assert_eq!(d["denials"][0]["used"].as_u64(), Some(3 * GIB), "usage at the moment of the denial");
+    assert_eq!(d["failures"][0]["size"].as_u64(), Some(8 * GIB));
+    assert_eq!(d["driver_ns"]["alloc"].as_u64(), Some(500 + 700 + 500 + 500));
+    assert_eq!(d["limit"].as_u64(), Some(4 * GIB));
+}
+
+#[test]
+fn traces_of_one_job_merge_on_the_wall_clock() {
+    let r = json(&["report", "--json", &data("job_rank0.jsonl"), &data("job_rank1.jsonl")]);
+    assert_eq!(r["processes"].as_array().unwrap().len(), 2);
+    assert_eq!(device(&r, 200)["peak"].as_u64(), Some(2 * GIB));
+    assert_eq!(device(&r, 200)["leaked_bytes"].as_u64(), Some(GIB));
+    // rank1 starts 2500 ns after rank0: at wall +2500 rank0 holds 3 GiB and rank1 takes 2 GiB.
+    let c = &r["combined"][0];
+    assert_eq!(c["peak"].as_u64(), Some(5 * GIB));
+    assert_eq!(c["peak_unix_ns"].as_u64(), Some(1_764_441_600_000_002_500));
+    assert_eq!(r["events"], 11, "the unknown `usage` line is ignored, not counted");
+}
+
+#[test]
+fn human_report_names_the_essentials() {
+    let out = ok(&["report", &data("job_rank0.jsonl")]);
+    for want in ["peak            3.0 GiB at t=0.000s", "held at end     1.5 GiB in 2 allocation(s)", "cuMemAllocAsync", "denied          1", "while using 3.0 GiB", "lifetimes", "time in driver"] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+}
+
+#[test]
+fn corrupt_and_truncated_lines_are_skipped_with_line_numbers() {
+    let out = vramcap(&["report", "--json", &data("corrupt.jsonl")]);
+    assert!(out.status.success());
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["skipped_lines"], 3);
+    let lines: Vec<u64> = r["skipped"].as_array().unwrap().iter().map(|s| s["line"].as_u64().unwrap()).collect();
+    assert_eq!(lines, vec![3, 4, 7]);
+    let d = device(&r, 300);
+    assert_eq!((d["allocs"].as_u64(), d["frees"].as_u64(), d["peak"].as_u64()), (Some(2), Some(1), Some(3 * GIB)));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("corrupt.jsonl:7: truncated last line"), "{err}");
+    assert!(err.contains("no summary line"), "{err}");
+}
+
+#[test]
+fn not_a_trace_is_a_clear_error() {
+    let dir = scratch("notatrace");
+    let f = dir.join("x.jsonl");
+    std::fs::write(&f, "hello\n").unwrap();
+    let out = vramcap(&["report", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("x.jsonl") && err.contains("header"), "{err}");
+    let out = vramcap(&["report", "/nonexistent/trace.jsonl"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/trace.jsonl: cannot open"));
+}
+
+#[test]
+fn generated_trace_agrees_with_its_summary() {
+    // The generator writes its own peak and final usage in the summary line; report derives
+    // them independently from the events.
+    let dir = scratch("gen");
+    let f = dir.join("g.jsonl");
+    ok(&["gen-trace", "--events", "50000", "--limit", "1000000000", "-o", f.to_str().unwrap()]);
+    let text = std::fs::read_to_string(&f).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let r = json(&["report", "--json", f.to_str().unwrap()]);
+    let d = &r["processes"][0]["devices"][0];
+    assert_eq!(d["peak"], summary["peak"]["0"]);
+    assert_eq!(d["leaked_bytes"], summary["used"]["0"]);
+    assert_eq!(r["events"], 50000);
+    let n = |k: &str| d[k].as_u64().unwrap();
+    assert_eq!(n("allocs") + n("frees") + n("denied") + n("failed"), 50000);
+    assert!(n("denied") > 0, "a 1 GB cap must deny some of the generated allocations");
+}

@@ -1,0 +1,163 @@
+//! Every other way a framework gets device memory is capped through all three lookup paths:
+//! each family reaches the cap, is denied without the driver being asked, frees, and is granted
+//! again. The procaddr client gets `_ptsz` variants through cuGetProcAddress with flags=2.
+
+mod common;
+use common::*;
+
+const CLIENTS: [&str; 3] = ["client_linked", "client_dlsym", "client_procaddr"];
+
+fn run(client: &str, limit: &str, ops: &str) -> Output {
+    let out = Run::client(client).env("VRAMCAP_LIMIT", limit).args([ops]).run();
+    out.ok();
+    out
+}
+
+fn rcs(out: &Output, op: &str) -> Vec<i64> {
+    out.of(op).iter().map(|l| l.rc()).collect()
+}
+
+#[test]
+fn pitch_is_charged_pitch_times_height() {
+    for c in CLIENTS {
+        // 1000-byte rows get a 1024-byte pitch: 1024 × 32768 = 32 MiB each; the cap holds two.
+        let out = run(c, "64m", "init ctx 0 pitch 1000 32768 pitch 1000 32768 info pitch 1000 1 free 0 pitch 1000 32768 stats 0");
+        assert_eq!(rcs(&out, "pitch"), vec![0, 0, 2, 0], "{c}");
+        assert_eq!(out.nth("pitch", 0).num("pitch"), 1024);
+        assert_eq!(out.nth("info", 0).num("free"), 0, "{c}: exactly pitch × height charged");
+        assert_eq!(out.nth("stats", 0).num("alloc_calls"), 3, "{c}: the denial never reached the driver");
+    }
+}
+
+#[test]
+fn managed_memory_counts_as_device_memory() {
+    for c in CLIENTS {
+        let out = run(c, "64m", "init ctx 0 managed 48m managed 32m free 0 managed 32m info");
+        assert_eq!(rcs(&out, "managed"), vec![0, 2, 0], "{c}");
+        assert_eq!(out.nth("info", 0).num("free"), 32 * MIB, "{c}");
+    }
+}
+
+#[test]
+fn vmm_handles_are_charged_once_however_often_mapped() {
+    for c in CLIENTS {
+        let out = run(
+            c,
+            "64m",
+            "init ctx 0 vmm 48m 0 vmmmap 0 info vmm 32m 0 vmmhost 32m release 0 vmm 32m 0 vmm 32m 0 vmm 2m 0 info",
+        );
+        assert_eq!(rcs(&out, "vmm"), vec![0, 2, 0, 0, 2], "{c}");
+        assert_eq!(out.nth("vmmmap", 0).rc(), 0, "{c}: mapped twice, written through");
+        assert_eq!(out.nth("info", 0).num("free"), 16 * MIB, "{c}: mappings are not counted");
+        assert_eq!(out.nth("vmmhost", 0).rc(), 0, "{c}: host locations are not device memory");
+        assert_eq!(out.nth("release", 0).rc(), 0);
+        assert_eq!(out.nth("info", 1).num("free"), 0, "{c}");
+    }
+}
+
+#[test]
+fn async_allocations_charge_what_the_default_pool_reserves() {
+    for c in CLIENTS {
+        // Default pool (release threshold 0): freed memory stays reserved until a synchronize.
+        let out = run(
+            c,
+            "64m",
+            "init ctx 0 async 40m asyncp 30m freeasync 0 info async 40m sync info \
+             freeasyncp 2 syncp info async 40m asyncp 20m info freeasync 3 freeasync 4 ctxsync info",
+        );
+        assert_eq!(rcs(&out, "async"), vec![0, 2, 0, 0, 0], "{c}: _ptsz growth past the cap is denied");
+        assert_eq!(out.nth("info", 0).num("free"), 24 * MIB, "{c}: the pool still holds the freed 40 MiB");
+        assert_eq!(out.nth("info", 1).num("free"), 24 * MIB, "{c}: served from the pool, not denied");
+        assert_eq!(out.nth("info", 2).num("free"), 64 * MIB, "{c}: given back at the synchronize");
+        assert_eq!(out.nth("info", 3).num("free"), 4 * MIB, "{c}");
+        assert_eq!(out.nth("info", 4).num("free"), 64 * MIB, "{c}: usage back to zero");
+    }
+}
+
+#[test]
+fn a_pool_that_keeps_memory_stays_charged_until_trimmed() {
+    for c in CLIENTS {
+        let out = run(
+            c,
+            "64m",
+            "init ctx 0 poolcreate 0 keep 0 palloc 0 40m freeasync 0 sync info reserved 0 async 30m \
+             pallocp 0 40m freeasyncp 2 trim 0 0 info async 30m",
+        );
+        assert_eq!(rcs(&out, "palloc"), vec![0, 0], "{c}");
+        assert_eq!(out.nth("info", 0).num("free"), 24 * MIB, "{c}: threshold max keeps it reserved");
+        assert_eq!(out.nth("reserved", 0).num("bytes"), 40 * MIB);
+        assert_eq!(rcs(&out, "async"), vec![2, 0], "{c}: denied while held, granted after the trim");
+        assert_eq!(out.nth("info", 1).num("free"), 64 * MIB, "{c}");
+    }
+}
+
+#[test]
+fn repeated_async_alloc_free_never_fails_falsely() {
+    // The HAMi-core false-OOM regression: a cap just above one allocation.
+    for c in CLIENTS {
+        let out = run(c, "65m", "init ctx 0 cycles 10000 64m 0 cycles 10000 64m 1 cycles 2000 64m 7 info");
+        for l in out.of("cycles") {
+            assert_eq!((l.num("oom"), l.num("other")), (0, 0), "{c}: {l:?}");
+        }
+        assert_eq!(out.nth("cycles", 0).num("ok"), 10000);
+        assert_eq!(out.nth("cycles", 1).num("ok"), 10000);
+    }
+}
+
+#[test]
+fn arrays_are_charged_from_their_descriptor() {
+    for c in CLIENTS {
+        // float 2048 × 4096 = 32 MiB; 3D 1024 × 1024 × 8 × 4 = 32 MiB; mipmap 1024² floats = 4 MiB + 1/3.
+        let out = run(
+            c,
+            "64m",
+            "init ctx 0 array 2048 4096 array3d 1024 1024 8 mipmap 1024 1024 4 arrfree 1 mipmap 1024 1024 4 info",
+        );
+        assert_eq!(rcs(&out, "array"), vec![0, 0, 2, 0], "{c}");
+        let used = 64 * MIB - out.nth("info", 0).num("free");
+        assert_eq!(used, 32 * MIB + 4 * (1024 * 1024 + 512 * 512 + 256 * 256 + 128 * 128), "{c}");
+    }
+}
+
+#[test]
+fn destroying_a_context_releases_its_charges() {
+    for c in CLIENTS {
+        let out = run(c, "64m", "init ctx 0 newctx 0 alloc 32m array 2048 2048 vmm 16m 0 alloc 1m ctxdestroy 0 ctx 0 info alloc 60m");
+        assert_eq!(rcs(&out, "alloc"), vec![0, 2, 0], "{c}");
+        assert_eq!(out.nth("ctxdestroy", 0).rc(), 0);
+        assert_eq!(out.nth("info", 0).num("free"), 64 * MIB, "{c}");
+        let out = run(c, "64m", "init ctx 0 alloc 60m reset 0 ctx 0 info alloc 60m");
+        assert_eq!(rcs(&out, "alloc"), vec![0, 0], "{c}: a primary context reset releases too");
+    }
+}
+
+#[test]
+fn host_and_ipc_memory_is_not_counted() {
+    for c in CLIENTS {
+        let out = run(c, "1m", "init ctx 0 host 64m info");
+        assert_eq!(out.nth("host", 0).rc(), 0, "{c}");
+        assert_eq!(out.nth("info", 0).num("free"), MIB, "{c}");
+    }
+}
+
+#[test]
+fn nvml_and_cuda_views_agree() {
+    // NVML numbers devices in reverse here: handles are matched to CUDA ordinals by UUID.
+    let out = Run::client("client_nvml")
+        .env("VRAMCAP_LIMIT", "1=4GiB")
+        .env("FAKECUDA_MEM", "16GiB")
+        .env("FAKENVML_REVERSE", "1")
+        .args(["init ctx 1 alloc 1024 cuinfo nvml 0 nvml2 0 nvmlsym 0 nvmlnull 0 nvml 1"])
+        .run();
+    out.ok();
+    let cu = out.nth("cuinfo", 0);
+    assert_eq!((cu.num("total"), cu.num("free")), (4 * GIB, 3 * GIB));
+    for i in 0..3 {
+        let n = out.nth("nvml", i);
+        assert_eq!(n.rc(), 0);
+        assert_eq!((n.num("total"), n.num("free"), n.num("used")), (4 * GIB, 3 * GIB, GIB), "nvml line {i}");
+    }
+    assert_ne!(out.nth("nvml", 3).rc(), 0, "NULL is the library's to refuse, without a crash");
+    let other = out.nth("nvml", 4);
+    assert_eq!((other.num("total"), other.num("used")), (16 * GIB, 0), "device 0 is uncapped: physical view");
+}
