@@ -6,6 +6,7 @@
 mod size;
 
 mod analysis;
+mod sidecar;
 
 use analysis::merge::parse_duration;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -32,6 +33,31 @@ enum Format {
 enum Cmd {
     /// Parse a size the way VRAMCAP_LIMIT does and print it in bytes.
     Size { spec: String },
+    /// Collect live events from every preloaded process on the node (VRAMCAP_SIDECAR=PATH) and
+    /// serve Prometheus metrics. Protocol: docs/sidecar-protocol.md.
+    Sidecar {
+        /// Unix socket to listen on (created with mode 0660; its directory is created if missing).
+        #[arg(long)]
+        socket: std::path::PathBuf,
+        /// Serve /metrics on HOST:PORT (port 0 picks a free port, printed at start).
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics: Option<String>,
+        /// Write each client's records to its own JSON Lines file in this directory.
+        #[arg(long, value_name = "DIR")]
+        trace_dir: Option<std::path::PathBuf>,
+        /// Disconnect (and count) a connection that sends no first line within this many seconds.
+        #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+        hello_timeout: f64,
+    },
+    /// Live table of the processes a sidecar sees.
+    Top {
+        /// The sidecar's Unix socket.
+        #[arg(long)]
+        socket: std::path::PathBuf,
+        /// Print one snapshot and exit (for scripts).
+        #[arg(long)]
+        once: bool,
+    },
     /// Peak, leaks, denials, failures, size and lifetime distributions per process and device.
     Report {
         #[arg(required = true)]
@@ -113,6 +139,24 @@ fn main() {
             Ok(size::Size::Percent(p)) => Ok(println!("{p}% of the device")),
             Err(e) => Err(format!("invalid size {spec:?}: {e}; expected {}", size::SIZE_FORM)),
         },
+        Cmd::Sidecar { socket, metrics, trace_dir, hello_timeout } => {
+            if !(hello_timeout.is_finite() && hello_timeout > 0.0 && hello_timeout < 1e6) {
+                fail(format!("invalid --hello-timeout {hello_timeout}: expected seconds, greater than 0"));
+            }
+            let opts = sidecar::Options { socket, metrics, trace_dir, hello_timeout: std::time::Duration::from_secs_f64(hello_timeout) };
+            if let Err(e) = sidecar::run(opts) {
+                eprintln!("vramcap sidecar: {e}");
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Cmd::Top { socket, once } => {
+            if let Err(e) = sidecar::top::run(&socket, once) {
+                eprintln!("vramcap top: {e}");
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Cmd::Report { traces, json } => analysis::report::compute(&traces).map(|r| {
             r.merged.warn_input();
             if json {

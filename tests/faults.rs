@@ -206,3 +206,43 @@ fn short_soak_every_family_sixteen_threads() {
     assert_eq!(lines + sm["dropped"].as_u64().unwrap(), sm["events"].as_u64().unwrap());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_stalled_or_killed_sidecar_never_blocks_the_job() {
+    use std::os::unix::net::UnixListener;
+    for kill in [false, true] {
+        let dir = trace_dir(if kill { "sidecar-killed" } else { "sidecar-stalled" });
+        let sock = dir.join("s.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        // Accepts every connection and never reads: the socket buffer fills at once. "Killed":
+        // the connection is closed shortly after it was accepted.
+        let holder = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            if let Ok((c, _)) = listener.accept() {
+                if kill {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    drop(c);
+                } else {
+                    held.push(c);
+                    std::thread::sleep(std::time::Duration::from_secs(30));
+                }
+            }
+            drop(held);
+        });
+        let t0 = std::time::Instant::now();
+        let out = Run::client("client_procaddr")
+            .env("VRAMCAP_LIMIT", "1g")
+            .env("VRAMCAP_SIDECAR", &sock)
+            .timeout(std::time::Duration::from_secs(25))
+            .args(["init ctx 0 threads 4 50000 1m 5 alloc 1m info stats 0"])
+            .run();
+        out.ok();
+        assert!(t0.elapsed() < std::time::Duration::from_secs(20), "kill={kill}: took {:?}", t0.elapsed());
+        assert_eq!(out.nth("threads", 0).num("other"), 0);
+        assert_exact(&out);
+        if kill {
+            holder.join().unwrap();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -88,3 +88,4 @@ fn trace_reader() {
         }
     }
 }
+

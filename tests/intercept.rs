@@ -214,16 +214,18 @@ fn sixteen_threads_random_alloc_free_leave_exactly_zero() {
 #[test]
 fn sixteen_threads_under_a_tight_cap_never_exceed_it_and_end_at_zero() {
     let out = Run::client("client_linked")
-        .env("VRAMCAP_LIMIT", "64m")
+        .env("VRAMCAP_LIMIT", "8m")
         .args(["init ctx 0 threads 16 20000 1m 11 info stats 0"])
         .run();
     out.ok();
     let t = out.nth("threads", 0);
+    // One thread alone keeps up to 64 allocations of up to 1 MiB live: 8 MiB always bites,
+    // however the threads happen to be scheduled.
     assert!(t.num("oom") > 0, "the cap should bite: {t:?}");
     assert_eq!(t.num("other"), 0);
     // The fake driver's high-water mark is the ground truth for "never exceeded".
     let s = out.nth("stats", 0);
-    assert!(s.num("peak") <= 64 * MIB, "driver peak {} above the cap", s.num("peak"));
+    assert!(s.num("peak") <= 8 * MIB, "driver peak {} above the cap", s.num("peak"));
     assert_eq!(s.num("bytes_held"), 0);
     let i = out.nth("info", 0);
     assert_eq!(i.num("free"), i.num("total"));

@@ -14,6 +14,9 @@ pub mod analysis;
 
 pub mod group;
 
+#[path = "../../src/sidecar/mod.rs"]
+pub mod sidecar;
+
 pub mod env_input;
 
 pub mod log {

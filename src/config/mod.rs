@@ -31,6 +31,8 @@ pub struct Config {
     pub real_libcuda: Option<String>,
     /// `VRAMCAP_TRACE`: trace file path template (`%p`, `%t`, `%e`, `%h`).
     pub trace: Option<String>,
+    /// `VRAMCAP_SIDECAR`: Unix socket of the node's sidecar to stream events to.
+    pub sidecar: Option<String>,
     /// Set when any input was invalid: we then fail closed (nothing is handed out uncapped).
     pub error: Option<ConfigError>,
     /// Non-fatal problems to print once.
@@ -83,7 +85,8 @@ impl Config {
         };
         let real_libcuda = get("VRAMCAP_REAL_LIBCUDA").filter(|v| !v.is_empty()).map(str::to_string);
         let trace = get("VRAMCAP_TRACE").filter(|v| !v.trim().is_empty()).map(str::to_string);
-        Config { disabled, log_level, limits, group, real_libcuda, trace, error, warnings }
+        let sidecar = get("VRAMCAP_SIDECAR").filter(|v| !v.trim().is_empty()).map(str::to_string);
+        Config { disabled, log_level, limits, group, real_libcuda, trace, sidecar, error, warnings }
     }
 
     /// What a panicking parse leaves: an error, so CUDA initialisation fails instead of running

@@ -5,7 +5,8 @@
 //!                            (HAMi-core and MPS users write all of these and mean the same)
 //! `<n>%`                    a share of the device's physical memory
 //! `0`                       no limit
-//! `<n>` may have a fractional part with a unit or `%` (`1.5GiB`, `12.5%`); bytes round down.
+//! `<n>` may have a fractional part with a unit or `%` (`1.5GiB`, `12.5%`); bytes round down
+//! (a non-zero size below one byte is an error: it must never become "no limit").
 
 use std::fmt;
 

@@ -107,6 +107,36 @@ pub struct Summary {
     pub used: std::collections::BTreeMap<String, u64>,
 }
 
+/// A periodic `{"type":"usage",...}` snapshot: the process's numbers as the ledger and the writer
+/// know them now, so a reader that missed events (a sidecar that restarted) is right again.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Usage {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub t_ns: u64,
+    pub events: u64,
+    pub dropped: u64,
+    pub devices: Vec<DeviceUsage>,
+    pub allocations: Vec<AllocCount>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeviceUsage {
+    pub index: usize,
+    pub used: u64,
+    pub limit: Option<u64>,
+    pub peak: u64,
+    pub denied: u64,
+}
+
+/// Successful counted allocations (`op` `alloc`) of one entry point on one device, since start.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AllocCount {
+    pub dev: i32,
+    pub api: &'static str,
+    pub count: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,8 +4,11 @@
 //! writer thread per process formats and writes them. Lifecycle: the first event starts the writer; `exit()` from any thread
 //! drains the queue and writes the summary (an `atexit` handler waits for the writer, bounded);
 //! a forked child starts its own writer on its own file; `exec` starts fresh from the environment.
+//! `VRAMCAP_SIDECAR=PATH` makes the same writer stream the lines to the node's sidecar
+//! ([`sidecar`]); either consumer alone starts it.
 
 pub mod format;
+pub mod sidecar;
 mod writer;
 
 use crate::config;
@@ -25,9 +28,10 @@ static DONE: AtomicBool = AtomicBool::new(false);
 /// Set in a forked child: without `%p` in the template it would write its parent's file.
 static FORK_CHILD: AtomicBool = AtomicBool::new(false);
 
-/// Called once when the configuration is read: turns event recording on if a trace is wanted.
+/// Called once when the configuration is read: turns event recording on if a trace file or a
+/// sidecar wants events.
 pub fn configure(cfg: &config::Config) {
-    if cfg.trace.is_none() || cfg.disabled || cfg.error.is_some() {
+    if (cfg.trace.is_none() && cfg.sidecar.is_none()) || cfg.disabled || cfg.error.is_some() {
         return;
     }
     crate::clock::init();
@@ -48,52 +52,73 @@ extern "C" fn after_fork_child() {
     WRITER_PID.store(0, Ordering::Relaxed);
     SHUTDOWN.store(false, Ordering::Relaxed);
     DONE.store(false, Ordering::Relaxed);
+    sidecar::close_inherited_in_child();
     events::after_fork_child();
 }
 
 /// Starts this process's writer thread. False if no thread could be started.
 pub fn spawn_writer() -> bool {
-    let Some(template) = config::get().trace.clone() else { return false };
+    let cfg = config::get();
+    if cfg.trace.is_none() && cfg.sidecar.is_none() {
+        return false;
+    }
+    let template = cfg.trace.clone();
+    let socket = cfg.sidecar.clone();
     let pid = unsafe { libc::getpid() };
     WRITER_PID.store(pid, Ordering::Relaxed);
     static ATEXIT: AtomicBool = AtomicBool::new(false);
     if !ATEXIT.swap(true, Ordering::AcqRel) {
         unsafe { libc::atexit(at_exit) };
     }
-    let mut path = expand(&template);
-    if FORK_CHILD.load(Ordering::Relaxed) && !template.contains("%p") {
-        // Never write over the parent's file.
-        path = format!("{path}.{pid}");
-    }
+    let file = template.map(|template| {
+        let mut path = expand(&template);
+        if FORK_CHILD.load(Ordering::Relaxed) && !template.contains("%p") {
+            // Never write over the parent's file.
+            path = format!("{path}.{pid}");
+        }
+        (template, path)
+    });
     let spawned = std::thread::Builder::new()
         .name("vramcap-writer".into())
         .stack_size(256 * 1024)
-        .spawn(move || writer_main(template, path));
+        .spawn(move || writer_main(file, socket));
     spawned.is_ok()
 }
 
-fn writer_main(template: String, mut path: String) {
+fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
     block_all_signals();
-    if live_owner(&path).is_some() {
+    let origin = ORIGIN_MONO_NS.load(Ordering::Relaxed);
+    let mut fd = -1;
+    if let Some((_, path)) = &mut file
+        && live_owner(path).is_some()
+    {
         // A process started by `exec` from a forked child (a launcher, a spawned worker) finds
         // the parent's file: truncating it lost the parent's trace (found by tests/faults.rs).
-        path = format!("{path}.{}", unsafe { libc::getpid() });
+        *path = format!("{path}.{}", unsafe { libc::getpid() });
     }
-    let fd = open(&path);
-    let origin = ORIGIN_MONO_NS.load(Ordering::Relaxed);
-    let mut w = writer::Writer::new(fd, path.clone(), origin);
-    if fd < 0 {
-        let err = std::io::Error::last_os_error();
-        crate::log::write_line(&format!(
-            "vramcap: cannot write the trace VRAMCAP_TRACE={template} ({path}): {err}; tracing is off, the cap still applies"
-        ));
+    if let Some((template, path)) = &file {
+        fd = open(path);
+        if fd < 0 {
+            let err = std::io::Error::last_os_error();
+            let off = if socket.is_some() { "the trace file is off (the sidecar still gets events)" } else { "tracing is off" };
+            crate::log::write_line(&format!(
+                "vramcap: cannot write the trace VRAMCAP_TRACE={template} ({path}): {err}; {off}, the cap still applies"
+            ));
+        }
+    }
+    let sidecar = socket.map(|s| sidecar::Sidecar::new(s, hello_line(), origin));
+    let has_sidecar = sidecar.is_some();
+    let mut w = writer::Writer::new(fd, file.map(|f| f.1).unwrap_or_default(), origin, sidecar);
+    if fd < 0 && !has_sidecar {
         events::set_enabled(false);
         w.discard();
         DONE.store(true, Ordering::Release);
         return;
     }
-    w.line(&header());
-    w.flush();
+    if fd >= 0 {
+        w.line(&header());
+        w.flush();
+    }
     w.run(|| SHUTDOWN.load(Ordering::Acquire));
     w.summary(&summary());
     w.close();
@@ -161,6 +186,23 @@ fn header() -> Header {
         devices,
         group: crate::group::name().map(str::to_string),
     }
+}
+
+/// The header as the sidecar gets it: the trace header plus `protocol` and the pod's identity
+/// (docs/sidecar-protocol.md); trace readers ignore the extra fields.
+fn hello_line() -> Vec<u8> {
+    let mut v = serde_json::to_value(header()).unwrap_or_default();
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("protocol".into(), sidecar::PROTOCOL.into());
+        for (field, var) in [("namespace", "POD_NAMESPACE"), ("pod", "POD_NAME"), ("container", "CONTAINER_NAME")] {
+            if let Some(val) = std::env::var(var).ok().filter(|s| !s.is_empty()) {
+                obj.insert(field.into(), val.into());
+            }
+        }
+    }
+    let mut line = Vec::new();
+    format::json_line(&mut line, &v);
+    line
 }
 
 fn summary() -> Summary {

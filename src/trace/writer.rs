@@ -2,9 +2,11 @@
 //! into one buffer and writes it in large blocks. It blocks every signal (a file-size limit then yields EFBIG instead of killing the job),
 //! never calls CUDA, and never makes an allocating thread wait. At least once a second it flushes,
 //! so a killed process loses at most the last second; a write error (full disk, file too large)
-//! stops writing, counts what was lost as dropped and warns once.
+//! stops writing, counts what was lost as dropped and warns once. Without a trace file (`fd` -1)
+//! it only feeds the sidecar connection, which it also drives ([`super::sidecar`]).
 
 use super::format::{self, Summary};
+use super::sidecar::Sidecar;
 use crate::clock::Calibration;
 use crate::events::{self, Record, ThreadBuf};
 use std::time::{Duration, Instant};
@@ -26,10 +28,11 @@ pub struct Writer {
     last_flush: Instant,
     calibration: Calibration,
     threads: Vec<&'static ThreadBuf>,
+    sidecar: Option<Sidecar>,
 }
 
 impl Writer {
-    pub fn new(fd: i32, path: String, origin_mono_ns: u64) -> Writer {
+    pub fn new(fd: i32, path: String, origin_mono_ns: u64, sidecar: Option<Sidecar>) -> Writer {
         Writer {
             fd,
             path,
@@ -40,6 +43,7 @@ impl Writer {
             last_flush: Instant::now(),
             calibration: Calibration::new(),
             threads: Vec::new(),
+            sidecar,
         }
     }
 
@@ -48,14 +52,33 @@ impl Writer {
     }
 
     fn event(&mut self, r: &Record) {
-        if self.failed {
+        let to_file = self.fd >= 0 && !self.failed;
+        if !to_file && self.sidecar.is_none() {
             events::add_dropped(1);
             return;
         }
         let t_ns = self.calibration.to_ns(r.at).saturating_sub(self.origin_mono_ns);
         let dur_ns = self.calibration.span_ns(r.ev.dur);
+        // Formatted once, at the end of the file buffer; the sidecar gets a copy of the line.
+        let start = self.buf.len();
         format::event_line(&mut self.buf, r, t_ns, dur_ns);
-        self.buffered_events += 1;
+        if let Some(s) = self.sidecar.as_mut() {
+            s.event(r, &self.buf[start..]);
+        }
+        if to_file {
+            self.buffered_events += 1;
+        } else {
+            self.buf.truncate(start);
+            if self.fd >= 0 {
+                events::add_dropped(1);
+            }
+        }
+    }
+
+    fn poll_sidecar(&mut self) {
+        if let Some(s) = self.sidecar.as_mut() {
+            s.poll();
+        }
     }
 
     pub fn flush(&mut self) {
@@ -108,6 +131,7 @@ impl Writer {
         loop {
             let stopping = stop();
             self.collect(&mut batch);
+            self.poll_sidecar();
             if batch.is_empty() {
                 if stopping {
                     return;
@@ -126,6 +150,7 @@ impl Writer {
                 self.event(r);
             }
             batch.clear();
+            self.poll_sidecar();
             if self.buf.len() >= BLOCK || self.last_flush.elapsed() >= FLUSH_EVERY {
                 self.flush();
             }
@@ -143,10 +168,13 @@ impl Writer {
     }
 
     pub fn summary(&mut self, summary: &Summary) {
-        if !self.failed {
+        if self.fd >= 0 && !self.failed {
             self.line(summary);
         }
         self.flush();
+        if let Some(s) = self.sidecar.as_mut() {
+            s.finish(summary);
+        }
     }
 
     pub fn close(&mut self) {

@@ -1,0 +1,149 @@
+//! `/metrics` in the Prometheus text exposition format (version 0.0.4), served by one thread
+//! with short socket timeouts, so a slow scraper can delay only other scrapes, never the clients.
+
+use super::state::{Client, Registry};
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+fn escape(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `pid`, `exe` (and `device` if given), then the pod labels that the client sent.
+fn labels(c: &Client, device: Option<String>, extra: &[(&str, &str)]) -> String {
+    let mut l = format!("pid=\"{}\"", c.pid);
+    if let Some(d) = device {
+        let _ = write!(l, ",device=\"{d}\"");
+    }
+    let _ = write!(l, ",exe=\"{}\"", escape(&c.exe));
+    for (k, v) in [("namespace", &c.namespace), ("pod", &c.pod), ("container", &c.container)] {
+        if let Some(v) = v {
+            let _ = write!(l, ",{k}=\"{}\"", escape(v));
+        }
+    }
+    for (k, v) in extra {
+        let _ = write!(l, ",{k}=\"{}\"", escape(v));
+    }
+    l
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+pub fn render(r: &Registry) -> String {
+    let mut out = String::with_capacity(4096);
+    let clients: Vec<&Client> = r.clients.values().collect();
+    family(&mut out, "vramcap_clients", "gauge", "Preloaded processes connected to this sidecar.");
+    let _ = writeln!(out, "vramcap_clients {}", clients.len());
+    family(&mut out, "vramcap_bad_clients_total", "counter", "Connections dropped for breaking the protocol (malformed or oversized lines, no header in time).");
+    let _ = writeln!(out, "vramcap_bad_clients_total {}", r.bad_clients);
+
+    type Pick = fn(&super::state::Device) -> Option<u64>;
+    let gauges: [(&str, &str, Pick); 3] = [
+        ("vramcap_memory_used_bytes", "Device memory charged to the process now.", |d| Some(d.used)),
+        ("vramcap_memory_limit_bytes", "The process's cap on the device (absent when uncapped).", |d| d.limit),
+        ("vramcap_memory_peak_bytes", "Highest charge of the process on the device.", |d| Some(d.peak)),
+    ];
+    for (name, help, pick) in gauges {
+        family(&mut out, name, "gauge", help);
+        for c in &clients {
+            for (i, d) in &c.devices {
+                if let Some(v) = pick(d) {
+                    let _ = writeln!(out, "{name}{{{}}} {v}", labels(c, Some(i.to_string()), &[]));
+                }
+            }
+        }
+    }
+    family(&mut out, "vramcap_allocations_total", "counter", "Successful counted allocations, per entry point.");
+    for c in &clients {
+        for ((dev, api), n) in &c.allocations {
+            let _ = writeln!(out, "vramcap_allocations_total{{{}}} {n}", labels(c, Some(dev.to_string()), &[("api", api)]));
+        }
+    }
+    family(&mut out, "vramcap_allocation_denied_total", "counter", "Allocations refused by the cap.");
+    for c in &clients {
+        for (i, d) in &c.devices {
+            let _ = writeln!(out, "vramcap_allocation_denied_total{{{}}} {}", labels(c, Some(i.to_string()), &[]), d.denied);
+        }
+    }
+    family(&mut out, "vramcap_events_dropped_total", "counter", "Events the sidecar did not receive (client queue or send buffer full, no connection).");
+    for c in &clients {
+        let _ = writeln!(out, "vramcap_events_dropped_total{{{}}} {}", labels(c, None, &[]), c.dropped);
+    }
+    out
+}
+
+/// Serves until the process exits. One request per connection.
+pub fn serve(listener: TcpListener, registry: Arc<Mutex<Registry>>) {
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        let _ = answer(stream, &registry);
+    }
+}
+
+fn answer(mut s: TcpStream, registry: &Mutex<Registry>) -> std::io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut req = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && !req.windows(2).any(|w| w == b"\n\n") {
+        let n = s.read(&mut buf)?;
+        if n == 0 || req.len() > 16 * 1024 {
+            break;
+        }
+        req.extend_from_slice(&buf[..n]);
+    }
+    let first = String::from_utf8_lossy(req.split(|&b| b == b'\n').next().unwrap_or(b""));
+    let mut words = first.split_whitespace();
+    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let (status, kind, body) = match (method, path) {
+        ("GET", "/metrics") => {
+            let body = render(&registry.lock().unwrap_or_else(|e| e.into_inner()));
+            ("200 OK", "text/plain; version=0.0.4; charset=utf-8", body)
+        }
+        ("GET", "/") => ("200 OK", "text/plain; charset=utf-8", "vramcap sidecar: metrics at /metrics\n".to_string()),
+        ("GET", _) => ("404 Not Found", "text/plain; charset=utf-8", "not found; metrics are at /metrics\n".to_string()),
+        _ => ("405 Method Not Allowed", "text/plain; charset=utf-8", "only GET\n".to_string()),
+    };
+    let head = format!("HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    s.write_all(head.as_bytes())?;
+    s.write_all(body.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_escaped_and_pod_labels_appear_only_when_set() {
+        let h = serde_json::json!({"type":"header","version":1,"pid":1,"exe":"a\"b\\c\nd",
+            "devices":[{"index":0,"total":10,"limit":8}],"pod":"web-1"});
+        let mut r = Registry::default();
+        r.clients.insert(1, Client::from_header(99, 0, &h).unwrap());
+        r.bad_clients = 3;
+        let m = render(&r);
+        assert!(m.contains("vramcap_memory_used_bytes{pid=\"99\",device=\"0\",exe=\"a\\\"b\\\\c\\nd\",pod=\"web-1\"} 0"), "{m}");
+        assert!(m.contains("vramcap_memory_limit_bytes{pid=\"99\",device=\"0\""));
+        assert!(!m.contains("namespace="));
+        assert!(m.contains("vramcap_clients 1\n") && m.contains("vramcap_bad_clients_total 3\n"));
+        // Every sample line is `name{labels} value` or `name value`.
+        for l in m.lines().filter(|l| !l.starts_with('#')) {
+            let v = l.rsplit(' ').next().unwrap();
+            assert!(v.parse::<u64>().is_ok(), "{l}");
+        }
+    }
+}

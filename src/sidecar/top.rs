@@ -1,0 +1,127 @@
+//! `vramcap top`: asks the sidecar for its state over the same socket (a `query` line) and
+//! prints one row per process and device.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+/// The sidecar's state (`{"type":"state",...}`), or a message for the user.
+pub fn query(socket: &Path) -> Result<Value, String> {
+    let shown = socket.display();
+    let mut s = UnixStream::connect(socket).map_err(|e| format!("no sidecar on {shown}: {e}"))?;
+    let timeout = Some(Duration::from_secs(5));
+    s.set_read_timeout(timeout).and_then(|_| s.set_write_timeout(timeout)).map_err(|e| e.to_string())?;
+    let q = format!("{{\"type\":\"query\",\"protocol\":{}}}\n", super::PROTOCOL);
+    s.write_all(q.as_bytes()).map_err(|e| format!("cannot query the sidecar on {shown}: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).map_err(|e| format!("no answer from the sidecar on {shown}: {e}"))?;
+    let v: Value = serde_json::from_str(&line).map_err(|e| format!("unreadable answer from the sidecar on {shown}: {e}"))?;
+    if v.get("type").and_then(Value::as_str) != Some("state") {
+        return Err(format!("unexpected answer from the sidecar on {shown}: {}", line.trim()));
+    }
+    Ok(v)
+}
+
+/// Binary units with one decimal, as people read them (`1.5 GiB`).
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[u]) }
+}
+
+fn bar(used: u64, limit: Option<u64>, width: usize) -> String {
+    let Some(limit) = limit.filter(|&l| l > 0) else { return format!("[{}]", " ".repeat(width)) };
+    let filled = ((used as f64 / limit as f64) * width as f64).round().clamp(0.0, width as f64) as usize;
+    format!("[{}{}]", "#".repeat(filled), ".".repeat(width - filled))
+}
+
+/// The table: one row per process and device it used or is capped on.
+pub fn render(state: &Value) -> String {
+    let mut out = String::new();
+    let clients = state.get("clients").and_then(Value::as_array).cloned().unwrap_or_default();
+    out.push_str(&format!(
+        "vramcap top: {} process(es), {} bad client(s)\n",
+        clients.len(),
+        state.get("bad_clients").and_then(Value::as_u64).unwrap_or(0)
+    ));
+    out.push_str(&format!(
+        "{:>8}  {:<20} {:>3}  {:>23} {:<22} {:>10} {:>7}\n",
+        "PID", "COMMAND", "DEV", "USED / LIMIT", "", "PEAK", "DENIED"
+    ));
+    for c in &clients {
+        let pid = c.get("pid").and_then(Value::as_i64).unwrap_or(0);
+        let exe: String = c.get("exe").and_then(Value::as_str).unwrap_or("?").chars().take(20).collect();
+        let devices = c.get("devices").and_then(Value::as_array).cloned().unwrap_or_default();
+        let shown: Vec<&Value> = devices
+            .iter()
+            .filter(|d| {
+                let n = |k: &str| d.get(k).and_then(Value::as_u64).unwrap_or(0);
+                n("used") > 0 || n("peak") > 0 || n("denied") > 0 || !d["limit"].is_null()
+            })
+            .collect();
+        if shown.is_empty() {
+            out.push_str(&format!("{pid:>8}  {exe:<20} {:>3}  {:>23} {:<22} {:>10} {:>7}\n", "-", "0 B / -", bar(0, None, 20), "0 B", 0));
+        }
+        for d in shown {
+            let n = |k: &str| d.get(k).and_then(Value::as_u64).unwrap_or(0);
+            let limit = d.get("limit").and_then(Value::as_u64);
+            let used_limit = format!("{} / {}", human(n("used")), limit.map_or("-".to_string(), human));
+            out.push_str(&format!(
+                "{pid:>8}  {exe:<20} {:>3}  {used_limit:>23} {:<22} {:>10} {:>7}\n",
+                n("index"),
+                bar(n("used"), limit, 20),
+                human(n("peak")),
+                n("denied")
+            ));
+        }
+    }
+    out
+}
+
+/// `--once`: one snapshot; otherwise redraw every second in place until interrupted.
+pub fn run(socket: &Path, once: bool) -> Result<(), String> {
+    if once {
+        print!("{}", render(&query(socket)?));
+        return Ok(());
+    }
+    let mut stdout = std::io::stdout();
+    loop {
+        let screen = match query(socket) {
+            Ok(state) => render(&state),
+            Err(e) => format!("{e}\n(retrying every second; Ctrl-C quits)\n"),
+        };
+        // Home, draw, clear the rest: no flicker from clearing first.
+        let _ = write!(stdout, "\x1b[H{}\x1b[J", screen.replace('\n', "\x1b[K\n"));
+        let _ = stdout.flush();
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_rows_and_units() {
+        assert_eq!(human(512), "512 B");
+        assert_eq!(human(3 << 29), "1.5 GiB");
+        assert_eq!(bar(5, Some(10), 4), "[##..]");
+        let state = serde_json::json!({"type":"state","bad_clients":2,"clients":[
+            {"pid":42,"exe":"python3","devices":[{"index":0,"used":1u64<<30,"limit":2u64<<30,"peak":3u64<<29,"denied":4},
+                                                 {"index":1,"used":0,"limit":null,"peak":0,"denied":0}]}]});
+        let t = render(&state);
+        let rows: Vec<&str> = t.lines().collect();
+        assert_eq!(rows.len(), 3, "{t}");
+        assert!(rows[0].contains("1 process(es), 2 bad client(s)"));
+        let r = rows[2];
+        assert!(r.contains("42") && r.contains("python3") && r.contains("1.0 GiB / 2.0 GiB") && r.contains("[##########..........]"), "{r}");
+        assert!(r.contains("1.5 GiB") && r.trim_end().ends_with('4'), "{r}");
+    }
+}

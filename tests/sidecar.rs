@@ -1,0 +1,437 @@
+//! `vramcap sidecar` and `vramcap top` against real preloaded processes: metrics equal what each
+//! process holds, a sidecar killed and restarted mid-run, 64 concurrent clients, 256 raw
+//! connections, malformed and oversized input, per-client trace files, `top --once`.
+
+mod common;
+use common::*;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn tmpdir(name: &str) -> PathBuf {
+    // Short: a Unix socket path must stay under 108 bytes.
+    let d = PathBuf::from(format!("/tmp/vcs-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+struct Sidecar {
+    child: Child,
+    metrics: String,
+    socket: PathBuf,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Sidecar {
+    fn start(socket: &Path, extra: &[&str]) -> Sidecar {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vramcap"))
+            .arg("sidecar")
+            .arg("--socket")
+            .arg(socket)
+            .args(["--metrics", "127.0.0.1:0"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the sidecar");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let err = child.stderr.take().unwrap();
+        let log = stderr.clone();
+        // Drained for the sidecar's whole life, so its logging can never block it.
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("metrics on http://").nth(1) {
+                    let _ = tx.send(rest.trim_end_matches("/metrics").to_string());
+                }
+                log.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let metrics = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("sidecar did not start: {}", stderr.lock().unwrap()));
+        Sidecar { child, metrics, socket: socket.to_path_buf(), stderr }
+    }
+
+    fn text(&self) -> String {
+        let mut s = std::net::TcpStream::connect(&self.metrics).expect("connect to /metrics");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+        resp.split_once("\r\n\r\n").unwrap().1.to_string()
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        parse(&self.text())
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: u64,
+}
+
+/// Prometheus text format, as far as this sidecar writes it (no escapes inside test labels).
+fn parse(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').unwrap();
+            let (name, labels) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let labels = labels
+                .split("\",")
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    let (k, v) = p.split_once("=\"").unwrap();
+                    (k.to_string(), v.trim_end_matches('"').to_string())
+                })
+                .collect();
+            Sample { name: name.to_string(), labels, value: value.parse().unwrap_or_else(|_| panic!("{l}")) }
+        })
+        .collect()
+}
+
+/// The value of `name` whose labels include all of `want` (None if no such series).
+fn value(s: &[Sample], name: &str, want: &[(&str, &str)]) -> Option<u64> {
+    let hits: Vec<&Sample> =
+        s.iter().filter(|x| x.name == name && want.iter().all(|(k, v)| x.labels.get(*k).map(|s| s.as_str()) == Some(*v))).collect();
+    assert!(hits.len() <= 1, "several series match {name} {want:?}: {hits:?}");
+    hits.first().map(|x| x.value)
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A long-running preloaded client whose stdout lines are collected as they come.
+struct Client {
+    child: Child,
+    out: Arc<Mutex<Vec<String>>>,
+}
+
+impl Client {
+    fn spawn(name: &str, socket: &Path, env: &[(&str, &str)], ops: &str) -> Client {
+        build_c();
+        let mut cmd = Command::new(ctests_dir().join(name));
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy().to_string();
+            if k.starts_with("VRAMCAP_") || k.starts_with("FAKECUDA_") || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT") || k.starts_with("POD_") || k == "CONTAINER_NAME" {
+                cmd.env_remove(&k);
+            }
+        }
+        cmd.env("LD_LIBRARY_PATH", shim_dir()).env("LD_PRELOAD", preload_lib()).env("VRAMCAP_SIDECAR", socket);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.args(ops.split_whitespace()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let stdout = child.stdout.take().unwrap();
+        let o = out.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+                o.lock().unwrap().push(l);
+            }
+        });
+        Client { child, out }
+    }
+
+    fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.out.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn metrics_equal_what_each_process_holds() {
+    let dir = tmpdir("m");
+    let sc = Sidecar::start(&dir.join("s.sock"), &[]);
+    let pod = [("VRAMCAP_LIMIT", "1g"), ("POD_NAMESPACE", "ns1"), ("POD_NAME", "pod-a"), ("CONTAINER_NAME", "trainer")];
+    let mut a = Client::spawn("client_linked", &sc.socket, &pod, "init ctx 0 alloc 100m alloc 28m alloc 2g sleep 60000");
+    let b = Client::spawn("client_procaddr", &sc.socket, &[], "init ctx 0 alloc 64m free 0 alloc 16m alloc1 1m sleep 60000");
+    let c = Client::spawn("client_dlsym", &sc.socket, &[("VRAMCAP_LIMIT", "1=512m")], "init ctx 1 alloc 8m sleep 60000");
+    let (pa, pb, pc) = (a.pid(), b.pid(), c.pid());
+    let used = |s: &[Sample], pid: &str, dev: &str| value(s, "vramcap_memory_used_bytes", &[("pid", pid), ("device", dev)]);
+    wait_until("the three processes' charges", Duration::from_secs(20), || {
+        let s = sc.samples();
+        used(&s, &pa, "0") == Some(128 * MIB) && used(&s, &pb, "0") == Some(17 * MIB) && used(&s, &pc, "1") == Some(8 * MIB)
+    });
+    // One more snapshot period, so the counters from the usage lines are in too.
+    std::thread::sleep(Duration::from_millis(1200));
+    let s = sc.samples();
+    assert_eq!(value(&s, "vramcap_clients", &[]), Some(3));
+    assert_eq!(value(&s, "vramcap_bad_clients_total", &[]), Some(0));
+    let la = [("pid", pa.as_str()), ("device", "0"), ("exe", "client_linked"), ("namespace", "ns1"), ("pod", "pod-a"), ("container", "trainer")];
+    assert_eq!(value(&s, "vramcap_memory_used_bytes", &la), Some(128 * MIB));
+    assert_eq!(value(&s, "vramcap_memory_limit_bytes", &la), Some(GIB));
+    assert_eq!(value(&s, "vramcap_memory_peak_bytes", &la), Some(128 * MIB));
+    assert_eq!(value(&s, "vramcap_allocation_denied_total", &la), Some(1));
+    assert_eq!(value(&s, "vramcap_allocations_total", &[("pid", &pa), ("device", "0"), ("api", "cuMemAlloc_v2")]), Some(2));
+    assert_eq!(value(&s, "vramcap_events_dropped_total", &[("pid", &pa)]), Some(0));
+
+    let lb = [("pid", pb.as_str()), ("device", "0"), ("exe", "client_procaddr")];
+    assert_eq!(value(&s, "vramcap_memory_peak_bytes", &lb), Some(64 * MIB));
+    assert_eq!(value(&s, "vramcap_memory_limit_bytes", &lb), None, "no cap, no limit series");
+    assert_eq!(value(&s, "vramcap_allocation_denied_total", &lb), Some(0));
+    assert_eq!(value(&s, "vramcap_allocations_total", &[("pid", &pb), ("api", "cuMemAlloc_v2")]), Some(2));
+    assert_eq!(value(&s, "vramcap_allocations_total", &[("pid", &pb), ("api", "cuMemAlloc")]), Some(1));
+    let b_series: Vec<&Sample> = s.iter().filter(|x| x.labels.get("pid") == Some(&pb)).collect();
+    assert!(b_series.iter().all(|x| !x.labels.contains_key("pod") && !x.labels.contains_key("namespace")), "{b_series:?}");
+
+    assert_eq!(value(&s, "vramcap_memory_limit_bytes", &[("pid", &pc), ("device", "1")]), Some(512 * MIB));
+    assert_eq!(used(&s, &pc, "0"), Some(0));
+
+    // A process that dies (even by SIGKILL) leaves: its connection closes.
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    wait_until("the killed process to leave", Duration::from_secs(10), || {
+        let s = sc.samples();
+        value(&s, "vramcap_clients", &[]) == Some(2) && used(&s, &pa, "0").is_none()
+    });
+    assert_eq!(used(&sc.samples(), &pb, "0"), Some(17 * MIB));
+}
+
+#[test]
+fn a_restarted_sidecar_is_right_again_and_clients_never_notice() {
+    let dir = tmpdir("r");
+    let socket = dir.join("s.sock");
+    let mut s1 = Sidecar::start(&socket, &[]);
+    let client = Client::spawn("client_linked", &socket, &[("VRAMCAP_LIMIT", "1g")], "init ctx 0 alloc 10m sleep 2500 alloc 20m free 0 sleep 60000");
+    let pid = client.pid();
+    let used = |sc: &Sidecar| value(&sc.samples(), "vramcap_memory_used_bytes", &[("pid", &pid), ("device", "0")]);
+    wait_until("the first sidecar to see 10 MiB", Duration::from_secs(20), || used(&s1) == Some(10 * MIB));
+    s1.kill();
+    assert!(socket.exists(), "SIGKILL leaves the socket file behind");
+    // While no sidecar runs, the client allocates and frees as usual.
+    wait_until("the client's ops without a sidecar", Duration::from_secs(20), || client.lines().iter().any(|l| l.starts_with("free")));
+    let lines = client.lines();
+    assert!(lines.iter().filter(|l| l.starts_with("alloc")).all(|l| l.starts_with("alloc rc=0")), "{lines:?}");
+    assert!(lines.iter().any(|l| l == "free rc=0"), "{lines:?}");
+
+    let s2 = Sidecar::start(&socket, &[]);
+    assert!(s2.stderr.lock().unwrap().contains("took over the stale socket"));
+    // Backoff is capped at 5 s; the fresh header and usage snapshot make the numbers right.
+    wait_until("the restarted sidecar to be right", Duration::from_secs(12), || used(&s2) == Some(20 * MIB));
+    let s = s2.samples();
+    let l = [("pid", pid.as_str()), ("device", "0")];
+    assert_eq!(value(&s, "vramcap_memory_peak_bytes", &l), Some(30 * MIB));
+    assert_eq!(value(&s, "vramcap_memory_limit_bytes", &l), Some(GIB));
+    assert_eq!(value(&s, "vramcap_allocations_total", &[("pid", &pid), ("api", "cuMemAlloc_v2")]), Some(2));
+    assert_eq!(value(&s, "vramcap_events_dropped_total", &[("pid", &pid)]), Some(2), "the alloc and free sent into the void");
+    assert_eq!(value(&s, "vramcap_clients", &[]), Some(1));
+}
+
+#[test]
+fn sixty_four_concurrent_clients() {
+    let dir = tmpdir("64");
+    let sc = Sidecar::start(&dir.join("s.sock"), &[]);
+    let clients: Vec<Client> =
+        (0..64).map(|i| Client::spawn("client_linked", &sc.socket, &[], &format!("init ctx 0 alloc {}m sleep 60000", i + 1))).collect();
+    wait_until("64 clients with their charges", Duration::from_secs(60), || {
+        let s = sc.samples();
+        value(&s, "vramcap_clients", &[]) == Some(64)
+            && clients.iter().enumerate().all(|(i, c)| {
+                value(&s, "vramcap_memory_used_bytes", &[("pid", &c.pid()), ("device", "0")]) == Some((i as u64 + 1) * MIB)
+            })
+    });
+    let s = sc.samples();
+    let total: u64 = s.iter().filter(|x| x.name == "vramcap_memory_used_bytes").map(|x| x.value).sum();
+    assert_eq!(total, 64 * 65 / 2 * MIB);
+    drop(clients);
+    wait_until("all 64 to leave", Duration::from_secs(20), || value(&sc.samples(), "vramcap_clients", &[]) == Some(0));
+}
+
+fn header_line(pid: u32) -> String {
+    format!(
+        "{{\"type\":\"header\",\"version\":1,\"protocol\":1,\"pid\":{pid},\"ppid\":1,\"exe\":\"raw\",\"cmdline\":[],\"host\":\"h\",\
+         \"start_unix_ns\":1,\"devices\":[{{\"index\":0,\"total\":100,\"limit\":null}}],\"group\":null}}\n"
+    )
+}
+
+/// Sends `data` and waits for the sidecar to close the connection (read returns 0 or an error).
+fn send_and_expect_close(socket: &Path, data: &[u8]) {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(data);
+    let mut buf = [0u8; 64];
+    let closed = matches!(s.read(&mut buf), Ok(0) | Err(_));
+    assert!(closed, "the sidecar kept a bad client: {:?}", String::from_utf8_lossy(&data[..data.len().min(80)]));
+}
+
+#[test]
+fn malformed_oversized_silent_and_256_clients_never_stall_the_sidecar() {
+    let dir = tmpdir("bad");
+    let sc = Sidecar::start(&dir.join("s.sock"), &["--hello-timeout", "1"]);
+    let real = Client::spawn("client_linked", &sc.socket, &[], "init ctx 0 alloc 5m sleep 60000");
+    // A silent connection must not hold anything up while it waits to be timed out.
+    let silent = UnixStream::connect(&sc.socket).unwrap();
+    wait_until("the real client", Duration::from_secs(20), || {
+        value(&sc.samples(), "vramcap_memory_used_bytes", &[("pid", &real.pid()), ("device", "0")]) == Some(5 * MIB)
+    });
+    send_and_expect_close(&sc.socket, b"this is not json\n");
+    send_and_expect_close(&sc.socket, b"[1,2,3]\n");
+    send_and_expect_close(&sc.socket, b"{\"type\":\"event\",\"op\":\"alloc\"}\n");
+    send_and_expect_close(&sc.socket, header_line(1).replace("\"version\":1", "\"version\":7").as_bytes());
+    let mut big = header_line(2).into_bytes();
+    big.extend(std::iter::repeat_n(b'a', 2 << 20));
+    send_and_expect_close(&sc.socket, &big);
+    let mut long_line = header_line(3).into_bytes();
+    long_line.extend_from_slice(b"{\"type\":\"note\",\"x\":\"");
+    long_line.extend(std::iter::repeat_n(b'b', (1 << 20) + 10));
+    long_line.extend_from_slice(b"\"}\n");
+    send_and_expect_close(&sc.socket, &long_line);
+    let mut after_header = header_line(4).into_bytes();
+    after_header.extend_from_slice(b"{\"type\":\"usage\",\"dropped\":\"x\",\"devices\":[]}\n");
+    send_and_expect_close(&sc.socket, &after_header);
+    let mut buf = [0u8; 8];
+    silent.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert!(matches!((&silent).read(&mut buf), Ok(0) | Err(_)), "the silent client was kept");
+    wait_until("8 bad clients counted", Duration::from_secs(10), || value(&sc.samples(), "vramcap_bad_clients_total", &[]) == Some(8));
+
+    // 256 raw clients at once, each a valid header and a usage snapshot.
+    let raw: Vec<UnixStream> = (0..256u32)
+        .map(|i| {
+            let mut s = UnixStream::connect(&sc.socket).unwrap();
+            let usage = format!(
+                "{{\"type\":\"usage\",\"t_ns\":1,\"events\":0,\"dropped\":0,\"devices\":[{{\"index\":0,\"used\":{},\"limit\":null,\"peak\":{},\"denied\":0}}],\"allocations\":[]}}\n",
+                i + 1,
+                i + 1
+            );
+            s.write_all((header_line(1000 + i) + &usage).as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    wait_until("257 clients", Duration::from_secs(20), || value(&sc.samples(), "vramcap_clients", &[]) == Some(257));
+    let s = sc.samples();
+    let raw_total: u64 = s.iter().filter(|x| x.name == "vramcap_memory_used_bytes" && x.labels["exe"] == "raw").map(|x| x.value).sum();
+    assert_eq!(raw_total, 256 * 257 / 2);
+    drop(raw);
+    wait_until("the raw clients to leave", Duration::from_secs(10), || value(&sc.samples(), "vramcap_clients", &[]) == Some(1));
+    let s = sc.samples();
+    assert_eq!(value(&s, "vramcap_memory_used_bytes", &[("pid", &real.pid()), ("device", "0")]), Some(5 * MIB));
+    assert_eq!(value(&s, "vramcap_bad_clients_total", &[]), Some(8));
+    let log = sc.stderr.lock().unwrap().clone();
+    for reason in ["malformed JSON", "not a JSON object", "first line of type \"event\"", "version 7", "without a line end", "bad usage line", "no header or query within"] {
+        assert!(log.contains(reason), "no {reason:?} in the log:\n{log}");
+    }
+}
+
+#[test]
+fn a_second_sidecar_is_refused_and_the_socket_is_0660() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmpdir("own");
+    let socket = dir.join("sub/s.sock");
+    let sc = Sidecar::start(&socket, &[]);
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660, "{mode:o}");
+    let out = Command::new(env!("CARGO_BIN_EXE_vramcap")).args(["sidecar", "--socket"]).arg(&socket).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another sidecar is already listening"), "{out:?}");
+    assert!(UnixStream::connect(&sc.socket).is_ok(), "the first sidecar still owns the path");
+    let file = dir.join("plain");
+    std::fs::write(&file, "keep me").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vramcap")).args(["sidecar", "--socket"]).arg(&file).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a socket"), "{out:?}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+}
+
+#[test]
+fn top_once_prints_one_row_per_process_and_device() {
+    let dir = tmpdir("top");
+    let sc = Sidecar::start(&dir.join("s.sock"), &[]);
+    let c = Client::spawn("client_linked", &sc.socket, &[("VRAMCAP_LIMIT", "0=1g")], "init ctx 0 alloc 256m alloc 1g sleep 60000");
+    wait_until("the client's denial", Duration::from_secs(20), || {
+        value(&sc.samples(), "vramcap_allocation_denied_total", &[("pid", &c.pid()), ("device", "0")]) == Some(1)
+    });
+    let out = Command::new(env!("CARGO_BIN_EXE_vramcap")).args(["top", "--once", "--socket"]).arg(&sc.socket).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{out:?}");
+    let rows: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with(&c.pid())).collect();
+    assert_eq!(rows.len(), 1, "only device 0 was used or capped:\n{text}");
+    let r = rows[0];
+    for want in ["client_linked", "256.0 MiB / 1.0 GiB", "[#####...............]", "256.0 MiB"] {
+        assert!(r.contains(want), "{want:?} missing from {r:?}");
+    }
+    assert_eq!(r.split_whitespace().last(), Some("1"), "denials: {r}");
+    assert!(text.starts_with("vramcap top: 1 process(es)"), "{text}");
+    assert!(!text.contains('\x1b'), "--once prints plain text");
+    let out = Command::new(env!("CARGO_BIN_EXE_vramcap")).args(["top", "--once", "--socket"]).arg(dir.join("none.sock")).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no sidecar on"), "{out:?}");
+}
+
+#[test]
+fn trace_dir_keeps_each_clients_records_and_no_sidecar_changes_nothing() {
+    let dir = tmpdir("td");
+    let traces = dir.join("traces");
+    let sc = Sidecar::start(&dir.join("s.sock"), &["--trace-dir", traces.to_str().unwrap()]);
+    let out = Run::client("client_linked")
+        .env("VRAMCAP_SIDECAR", &sc.socket)
+        .env("VRAMCAP_LIMIT", "1g")
+        .args(["init ctx 0 alloc 1m alloc 2g alloc 3m free 0"])
+        .run();
+    out.ok();
+    let files: Vec<PathBuf> = std::fs::read_dir(&traces).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let name = files[0].file_name().unwrap().to_string_lossy().to_string();
+    assert!(name.starts_with("client_linked-"), "{name}");
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&files[0]).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines[0]["type"], "header");
+    assert_eq!(lines[0]["protocol"], 1);
+    assert_eq!(lines[0]["version"], 1);
+    assert_eq!(lines[1]["type"], "usage", "a usage snapshot follows every header");
+    let ops: Vec<&str> = lines.iter().filter(|l| l["type"] == "event").map(|l| l["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["alloc", "deny", "alloc", "free"]);
+    let last = lines.last().unwrap();
+    assert_eq!(last["type"], "summary");
+    assert_eq!((last["events"].as_u64(), last["dropped"].as_u64(), last["used"]["0"].as_u64()), (Some(4), Some(0), Some(3 * MIB)));
+
+    // No sidecar at all: the job runs exactly as without one, and says nothing.
+    let out = Run::client("client_linked")
+        .env("VRAMCAP_SIDECAR", dir.join("absent.sock"))
+        .env("VRAMCAP_LIMIT", "1g")
+        .args(["init ctx 0 alloc 1m alloc 2g alloc 3m free 0"])
+        .run();
+    out.ok();
+    assert_eq!(out.nth("alloc", 0).rc(), 0);
+    assert_eq!(out.nth("alloc", 1).rc(), 2);
+    assert_eq!(out.nth("free", 0).rc(), 0);
+    assert!(!out.stderr.contains("sidecar"), "{}", out.stderr);
+}
