@@ -81,6 +81,14 @@ void fc_mem_config_fail(long long nth, int code)
     atomic_store(&g_fail_at, nth);
 }
 
+/* Every allocation call of every family (plain, pitch, managed, VMM, pool, array) takes a number;
+ * the armed one fails with the injected code. 0: go ahead. */
+CUresult fc_mem_inject(void)
+{
+    long long seq = atomic_fetch_add(&g_alloc_seq, 1) + 1;
+    return seq == atomic_load_explicit(&g_fail_at, memory_order_relaxed) ? atomic_load(&g_fail_code) : 0;
+}
+
 FC_API void fakecuda_fail_nth_alloc(int n, int code)
 {
     atomic_store(&g_fail_code, code);
@@ -298,7 +306,7 @@ static CUresult mem_alloc(uintptr_t *out, size_t size, int arena)
 {
     struct fc_ctx *ctx;
     struct device *d;
-    long long seq;
+    CUresult rc;
     uintptr_t p = 0;
     int dev;
 
@@ -312,9 +320,8 @@ static CUresult mem_alloc(uintptr_t *out, size_t size, int arena)
     d = &g_dev[dev];
     atomic_fetch_add_explicit(&fc_stats[dev].alloc_calls, 1, memory_order_relaxed);
 
-    seq = atomic_fetch_add(&g_alloc_seq, 1) + 1;
-    if (seq == atomic_load_explicit(&g_fail_at, memory_order_relaxed))
-        return atomic_load(&g_fail_code);
+    if ((rc = fc_mem_inject()) != 0)
+        return rc;
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
 

@@ -69,6 +69,7 @@ extern struct fc_devstats fc_stats[FC_MAX_DEVICES];
 
 /* Allocator hooks (fakemem.c). */
 void fc_mem_config_fail(long long nth, int code); /* from FAKECUDA_FAIL_ALLOC */
+CUresult fc_mem_inject(void);                      /* the armed failure, or 0 */
 int fc_mem_charge(int dev, long long delta);      /* 0 ok, -1 does not fit */
 CUresult fc_mem_alloc_cur(CUdeviceptr *dptr, size_t size); /* cuMemAlloc_v2 semantics */
 /* Pools (pool.c): give back what exceeds each pool's release threshold (at synchronize). */

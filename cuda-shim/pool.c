@@ -101,6 +101,8 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, struct fc_pool *p, CU
         return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0)
         return stream ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
+    if ((rc = fc_mem_inject()) != 0)
+        return rc;
     pthread_mutex_lock(&g_lock);
     if (!p)
         p = g_current[dev] ? g_current[dev] : default_pool(dev);

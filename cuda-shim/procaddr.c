@@ -11,22 +11,37 @@
  * addresses (linked with -Bsymbolic, so they equal what dlsym returns).
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <string.h>
 
 #include "internal.h"
 
 struct proc_entry {
     const char *base;
+    const char *sym;
     int since;
     int per_thread;
     void *fn;
 };
 
 static const struct proc_entry g_procs[] = {
-#define EP(base, sym, since, ptds) { #base, since, ptds, (void *)&sym },
+#define EP(base, sym, since, ptds) { #base, #sym, since, ptds, (void *)&sym },
 #include "entrypoints.def"
 #undef EP
 };
+
+/* Whether this copy of the driver exports `sym`: the old-driver variant (old-driver.map) keeps
+ * some entry points unexported, and a driver never hands out through cuGetProcAddress what it
+ * does not have. Looked up on our own handle (RTLD_NOLOAD: the library is loaded, we are in it). */
+static int exported(const char *sym)
+{
+    static void *self;
+    Dl_info info;
+
+    if (!self && dladdr((void *)&exported, &info) && info.dli_fname)
+        self = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    return !self || dlsym(self, sym) != NULL;
+}
 
 static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion,
                          cuuint64_t flags, CUdriverProcAddressQueryResult *status)
@@ -47,7 +62,7 @@ static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion,
         if (strcmp(e->base, symbol) != 0)
             continue;
         known = 1;
-        if (e->since > cudaVersion)
+        if (e->since > cudaVersion || !exported(e->sym))
             continue;
         if (e->per_thread) {
             if (!best_pt || e->since > best_pt->since)

@@ -69,6 +69,7 @@ FC_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 {
     struct vmm *v;
     int dev;
+    CUresult rc;
 
     FC_COUNT(cuMemCreate);
     if (!fc_initialized())
@@ -79,6 +80,8 @@ FC_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     dev = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
     if (dev >= 0 && !valid_dev(dev))
         return CUDA_ERROR_INVALID_DEVICE;
+    if ((rc = fc_mem_inject()) != 0)
+        return rc;
     if (!(v = calloc(1, sizeof *v)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (dev >= 0 && fc_mem_charge(dev, (long long)size) != 0) {
@@ -225,6 +228,7 @@ static CUresult array_new(struct fc_array **out, size_t bytes)
 {
     struct fc_ctx *c;
     struct fc_array *a;
+    CUresult rc;
 
     if (!fc_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -232,6 +236,8 @@ static CUresult array_new(struct fc_array **out, size_t bytes)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (bytes == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if ((rc = fc_mem_inject()) != 0)
+        return rc;
     if (!(a = calloc(1, sizeof *a)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (fc_mem_charge(c->dev, (long long)bytes) != 0) {

@@ -174,7 +174,8 @@ pub fn parse_list(var: &str, value: &str) -> Result<Vec<Entry>, ConfigError> {
         let key = if !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()) {
             DeviceKey::Ordinal(k.parse().map_err(|_| err(format!("device ordinal `{k}` is too large")))?)
         } else if k.len() > 4
-            && k[..4].eq_ignore_ascii_case("gpu-")
+            // `get`, not `[..4]`: a key may start with any UTF-8 (fuzzing found `/1kߔ19=43`).
+            && k.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("gpu-"))
             && k[4..].bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
         {
             DeviceKey::Uuid(k.to_ascii_lowercase())

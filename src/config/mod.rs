@@ -89,6 +89,19 @@ impl Config {
         Config { disabled, log_level, limits, group, real_libcuda, trace, sidecar, error, warnings }
     }
 
+    /// What a panicking parse leaves: an error, so CUDA initialisation fails instead of running
+    /// uncapped.
+    fn parser_failed() -> Config {
+        let mut c = Config::from_vars(&[]);
+        c.error = Some(ConfigError {
+            var: "VRAMCAP_*".into(),
+            value: String::new(),
+            reason: "reading the configuration failed (a vramcap bug: please report it with your VRAMCAP_* variables)".into(),
+            expected: "see docs/configuration.md".into(),
+        });
+        c
+    }
+
     fn from_env() -> Config {
         let vars: Vec<(String, String)> = std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
@@ -107,7 +120,10 @@ pub fn get() -> &'static Config {
     if !p.is_null() {
         return unsafe { &*p };
     }
-    let fresh = Box::into_raw(Box::new(Config::from_env()));
+    // A parser bug must fail closed, once: without this a panic (caught further up, in the hook)
+    // left no configuration, so every call re-parsed, panicked again and ran uncapped.
+    let parsed = std::panic::catch_unwind(Config::from_env).unwrap_or_else(|_| Config::parser_failed());
+    let fresh = Box::into_raw(Box::new(parsed));
     match CONFIG.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {
             let c = unsafe { &*fresh };

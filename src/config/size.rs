@@ -5,7 +5,8 @@
 //!                            (HAMi-core and MPS users write all of these and mean the same)
 //! `<n>%`                    a share of the device's physical memory
 //! `0`                       no limit
-//! `<n>` may have a fractional part with a unit or `%` (`1.5GiB`, `12.5%`); bytes round down.
+//! `<n>` may have a fractional part with a unit or `%` (`1.5GiB`, `12.5%`); bytes round down
+//! (a non-zero size below one byte is an error: it must never become "no limit").
 
 use std::fmt;
 
@@ -69,6 +70,10 @@ pub fn parse_size(input: &str) -> Result<Size, SizeError> {
         if !b.is_finite() || b >= u64::MAX as f64 {
             return Err(SizeError(format!("`{s}` is too large")));
         }
+        // Rounding down to 0 would turn a (tiny) limit into "no limit" (found by fuzzing).
+        if v > 0.0 && b < 1.0 {
+            return Err(SizeError(format!("`{s}` is less than one byte (use 0 for no limit)")));
+        }
         b as u64
     } else {
         let v: u64 = num.parse().map_err(|_| SizeError(format!("`{num}` is too large")))?;
@@ -122,6 +127,7 @@ mod tests {
     fn zero_means_unlimited_and_percent_is_a_share() {
         assert_eq!(parse_size("0"), Ok(Size::Unlimited));
         assert_eq!(parse_size("0GiB"), Ok(Size::Unlimited));
+        assert_eq!(parse_size("0.0GiB"), Ok(Size::Unlimited));
         assert_eq!(parse_size("50%"), Ok(Size::Percent(50.0)));
         assert_eq!(Size::Percent(50.0).bytes_for(80 * G), 40 * G);
         assert_eq!(Size::Percent(12.5).bytes_for(8 * G), G);
@@ -131,7 +137,7 @@ mod tests {
     #[test]
     fn rejects_what_is_not_a_size() {
         for s in ["", "abc", "1.5x", "-1", "-4g", "g", "8q", "1.5", "1..5g", ".5g", "5.g", "0%", "150%",
-            "99999999999999999999", "20000000t", "8 g b", "%"]
+            "99999999999999999999", "20000000t", "8 g b", "%", "00.0001KiB", "0.5b"]
         {
             assert!(parse_size(s).is_err(), "accepted {s:?}");
         }

@@ -3,7 +3,8 @@
 
 mod metrics;
 mod server;
-mod state;
+/// Public for the fuzz target `sidecar_records` (fuzz/), which feeds it client lines.
+pub mod state;
 pub mod top;
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};

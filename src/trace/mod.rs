@@ -85,10 +85,17 @@ pub fn spawn_writer() -> bool {
     spawned.is_ok()
 }
 
-fn writer_main(file: Option<(String, String)>, socket: Option<String>) {
+fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
     block_all_signals();
     let origin = ORIGIN_MONO_NS.load(Ordering::Relaxed);
     let mut fd = -1;
+    if let Some((_, path)) = &mut file
+        && live_owner(path).is_some()
+    {
+        // A process started by `exec` from a forked child (a launcher, a spawned worker) finds
+        // the parent's file: truncating it lost the parent's trace (found by tests/faults.rs).
+        *path = format!("{path}.{}", unsafe { libc::getpid() });
+    }
     if let Some((template, path)) = &file {
         fd = open(path);
         if fd < 0 {
@@ -116,6 +123,22 @@ fn writer_main(file: Option<(String, String)>, socket: Option<String>) {
     w.summary(&summary());
     w.close();
     DONE.store(true, Ordering::Release);
+}
+
+/// The pid in the header of an existing trace at `path`, if that process is alive and not us.
+/// A stale file of a finished run (or our own, from before `exec`) is overwritten as before.
+fn live_owner(path: &str) -> Option<i32> {
+    use std::io::{BufRead, Read};
+    let f = std::fs::File::open(path).ok()?;
+    let mut first = String::new();
+    std::io::BufReader::new(f.take(4096)).read_line(&mut first).ok()?;
+    let digits = first.split_once("\"pid\":")?.1;
+    let end = digits.find(|c: char| !c.is_ascii_digit()).unwrap_or(digits.len());
+    let pid: i32 = digits[..end].parse().ok()?;
+    let me = unsafe { libc::getpid() };
+    let alive = pid > 0
+        && (unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM));
+    (pid != me && alive).then_some(pid)
 }
 
 fn open(path: &str) -> i32 {

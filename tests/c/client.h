@@ -81,6 +81,9 @@ unsigned long long client_parse_size(const char *s);
 long client_parse_long(const char *s);
 /* Each returns 1 if it handled `op` (consuming its arguments via *i), else 0. */
 int client_lifecycle_op(const char *op, int *i, int argc, char **argv);
+/* Fault and soak ops (ops_faults.c); new_slot records an allocation like alloc does. */
+int client_fault_op(const char *op, int *i, int argc, char **argv,
+                    unsigned long long (*new_slot)(unsigned long long));
 /* The other families' ops (client_ops.c): returns the number of arguments consumed after the op
  * name, or -1 when `op` is not one of them. */
 int client_extra_op(const struct cu_api *api, const char *op, int argc, char **argv,

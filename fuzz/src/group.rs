@@ -1,0 +1,5 @@
+//! The group ledger's layout/validation and file handling, by path.
+#[path = "../../src/group/shm.rs"]
+pub mod shm;
+#[path = "../../src/group/file.rs"]
+pub mod file;
