@@ -49,6 +49,12 @@ enum Cmd {
         /// Disconnect (and count) a connection that sends no first line within this many seconds.
         #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
         hello_timeout: f64,
+        /// Directory of the clients' group ledgers (their VRAMCAP_GROUP_DIR).
+        #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
+        group_dir: std::path::PathBuf,
+        /// Reclaim the charges of dead group members every this many seconds.
+        #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+        reclaim_every: f64,
     },
     /// Live table of the processes a sidecar sees.
     Top {
@@ -146,11 +152,21 @@ fn main() {
             Ok(size::Size::Percent(p)) => Ok(println!("{p}% of the device")),
             Err(e) => Err(format!("invalid size {spec:?}: {e}; expected {}", size::SIZE_FORM)),
         },
-        Cmd::Sidecar { socket, metrics, trace_dir, hello_timeout } => {
+        Cmd::Sidecar { socket, metrics, trace_dir, hello_timeout, group_dir, reclaim_every } => {
             if !(hello_timeout.is_finite() && hello_timeout > 0.0 && hello_timeout < 1e6) {
                 fail(format!("invalid --hello-timeout {hello_timeout}: expected seconds, greater than 0"));
             }
-            let opts = sidecar::Options { socket, metrics, trace_dir, hello_timeout: std::time::Duration::from_secs_f64(hello_timeout) };
+            if !(reclaim_every.is_finite() && reclaim_every >= 0.05 && reclaim_every < 1e6) {
+                fail(format!("invalid --reclaim-every {reclaim_every}: expected seconds, at least 0.05"));
+            }
+            let opts = sidecar::Options {
+                socket,
+                metrics,
+                trace_dir,
+                hello_timeout: std::time::Duration::from_secs_f64(hello_timeout),
+                group_dir,
+                reclaim_every: std::time::Duration::from_secs_f64(reclaim_every),
+            };
             if let Err(e) = sidecar::run(opts) {
                 eprintln!("vramcap sidecar: {e}");
                 std::process::exit(1);

@@ -435,3 +435,38 @@ fn trace_dir_keeps_each_clients_records_and_no_sidecar_changes_nothing() {
     assert_eq!(out.nth("free", 0).rc(), 0);
     assert!(!out.stderr.contains("sidecar"), "{}", out.stderr);
 }
+
+#[test]
+fn the_sidecar_reclaims_a_killed_group_member_and_labels_the_group() {
+    let dir = tmpdir("group-reclaim");
+    let groups = dir.join("ledgers");
+    std::fs::create_dir_all(&groups).unwrap();
+    let socket = dir.join("s.sock");
+    let sc = Sidecar::start(&socket, &["--group-dir", groups.to_str().unwrap(), "--reclaim-every", "0.2"]);
+    let env = [("VRAMCAP_GROUP", "team"), ("VRAMCAP_GROUP_DIR", groups.to_str().unwrap()), ("VRAMCAP_GROUP_LIMIT", "1g")];
+    let mut a = Client::spawn("client_linked", &socket, &env, "init ctx 0 alloc 768m sleep 60000");
+    wait_until("the member's allocation", Duration::from_secs(20), || a.lines().iter().any(|l| l.starts_with("alloc rc=0")));
+    let pid = a.pid();
+    wait_until("the group label", Duration::from_secs(20), || {
+        value(&sc.samples(), "vramcap_memory_used_bytes", &[("pid", &pid), ("device", "0"), ("group", "team")]) == Some(768 * MIB)
+    });
+    // Killed holding 768 MiB, and nobody else allocates: only the sidecar can give it back.
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    let reclaimed = || value(&sc.samples(), "vramcap_group_reclaimed_bytes_total", &[]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reclaimed() != Some(768 * MIB) {
+        assert!(Instant::now() < deadline, "no reclaim ({:?}): {}", reclaimed(), sc.stderr.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The whole budget is there again for a new member.
+    let out = Run::client("client_procaddr")
+        .env("VRAMCAP_GROUP", "team")
+        .env("VRAMCAP_GROUP_DIR", &groups)
+        .args(["init ctx 0 info alloc 1g"])
+        .run();
+    out.ok();
+    assert_eq!(out.nth("info", 0).num("free"), GIB, "{}", out.stderr);
+    assert_eq!(out.nth("alloc", 0).rc(), 0);
+    assert!(sc.stderr.lock().unwrap().contains("reclaimed 805306368 bytes from 1 dead member"));
+}

@@ -82,7 +82,8 @@ pub fn open_or_create(p: &Path, name: &str) -> Result<Mapping, String> {
             ".{}.{}.{}",
             p.file_name().unwrap_or_default().to_string_lossy(),
             std::process::id(),
-            crate::log::monotonic_ns()
+            // Unique enough with the pid; no crate-local clock, so the CLI can share this file.
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
         ));
         let fd = unsafe {
             libc::open(cstr(&tmp).as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o660)

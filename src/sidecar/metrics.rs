@@ -28,7 +28,7 @@ fn labels(c: &Client, device: Option<String>, extra: &[(&str, &str)]) -> String 
         let _ = write!(l, ",device=\"{d}\"");
     }
     let _ = write!(l, ",exe=\"{}\"", escape(&c.exe));
-    for (k, v) in [("namespace", &c.namespace), ("pod", &c.pod), ("container", &c.container)] {
+    for (k, v) in [("namespace", &c.namespace), ("pod", &c.pod), ("container", &c.container), ("group", &c.group)] {
         if let Some(v) = v {
             let _ = write!(l, ",{k}=\"{}\"", escape(v));
         }
@@ -50,6 +50,8 @@ pub fn render(r: &Registry) -> String {
     let _ = writeln!(out, "vramcap_clients {}", clients.len());
     family(&mut out, "vramcap_bad_clients_total", "counter", "Connections dropped for breaking the protocol (malformed or oversized lines, no header in time).");
     let _ = writeln!(out, "vramcap_bad_clients_total {}", r.bad_clients);
+    family(&mut out, "vramcap_group_reclaimed_bytes_total", "counter", "Bytes given back to group budgets from members that died without freeing.");
+    let _ = writeln!(out, "vramcap_group_reclaimed_bytes_total {}", super::reclaim::RECLAIMED_BYTES.load(std::sync::atomic::Ordering::Relaxed));
 
     type Pick = fn(&super::state::Device) -> Option<u64>;
     let gauges: [(&str, &str, Pick); 3] = [

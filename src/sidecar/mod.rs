@@ -2,6 +2,7 @@
 //! Protocol: docs/sidecar-protocol.md.
 
 mod metrics;
+mod reclaim;
 mod server;
 /// Public for the fuzz target `sidecar_records` (fuzz/), which feeds it client lines.
 pub mod state;
@@ -24,6 +25,10 @@ pub struct Options {
     pub trace_dir: Option<PathBuf>,
     /// A connection that sends no complete first line within this time is dropped as bad.
     pub hello_timeout: Duration,
+    /// Where the clients' group ledgers live (their `VRAMCAP_GROUP_DIR`).
+    pub group_dir: PathBuf,
+    /// How often dead group members are reclaimed.
+    pub reclaim_every: Duration,
 }
 
 /// Runs the sidecar until killed. `Err` is a message for the user (bad input, path owned).
@@ -48,6 +53,7 @@ pub fn run(opts: Options) -> Result<(), String> {
         let r = registry.clone();
         std::thread::Builder::new().name("metrics".into()).spawn(move || metrics::serve(l, r)).map_err(|e| e.to_string())?;
     }
+    reclaim::spawn(opts.group_dir.clone(), registry.clone(), opts.reclaim_every).map_err(|e| e.to_string())?;
     server::Server::new(listener, registry, opts.trace_dir, opts.hello_timeout).run();
     Ok(())
 }

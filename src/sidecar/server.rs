@@ -277,6 +277,9 @@ impl Server {
             let mut reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
             let same = |c: &Client| (c.pid, c.reported_pid, c.start_unix_ns) == (client.pid, client.reported_pid, client.start_unix_ns);
             let stale = reg.clients.iter().filter(|(k, c)| **k != id && same(c)).map(|(k, _)| *k).collect();
+            if let Some(g) = &client.group {
+                reg.groups.insert(g.clone());
+            }
             reg.clients.insert(id, client);
             stale
         };

@@ -207,6 +207,8 @@ pub struct Registry {
     /// Keyed by connection id.
     pub clients: BTreeMap<u64, Client>,
     pub bad_clients: u64,
+    /// Every group a client ever reported: swept for dead members even after they left.
+    pub groups: std::collections::BTreeSet<String>,
 }
 
 impl Registry {
