@@ -212,3 +212,20 @@ fn hamis_limit_is_the_containers_budget() {
     assert!(out.stderr.contains("of group \"hami-"), "{}", out.stderr);
     a.sigkill();
 }
+
+#[test]
+fn nvml_free_is_what_the_group_has_left() {
+    let dir = private_group_dir();
+    let mut a = member("client_linked", &dir, "nv", Some("2g")).args(["init ctx 0 alloc 1g sleep 60000"]).spawn();
+    assert_eq!(a.wait_for("alloc").rc(), 0);
+    // Another member, holding 512 MiB itself: NVML and CUDA both show the group's remainder.
+    let out = member("client_nvml", &dir, "nv", None).args(["init ctx 0 alloc 512 cuinfo nvml 0 nvml2 0"]).run();
+    out.ok();
+    let cu = out.nth("cuinfo", 0);
+    assert_eq!((cu.num("total"), cu.num("free")), (2 * GIB, 512 * MIB), "{}", out.stderr);
+    for i in 0..2 {
+        let n = out.nth("nvml", i);
+        assert_eq!((n.num("total"), n.num("free")), (2 * GIB, 512 * MIB), "nvml line {i}");
+    }
+    a.sigkill();
+}

@@ -38,10 +38,14 @@ fn capped(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64, u6
         return None;
     }
     let d = cuda_ordinal(dev)?;
-    ledger::limit(d)?;
+    // Capped by the process's own limit, its group's budget, or both.
+    if ledger::limit(d).is_none() && crate::group::view(d).is_none() {
+        return None;
+    }
     super::pool::refresh_device(d);
     let (free, total) = virtual_info(d, phys_free, phys_total);
-    Some((total, free, ledger::used(d).min(total)))
+    // Used is what this view cannot hand out: with a group that includes the other members.
+    Some((total, free, total.saturating_sub(free)))
 }
 
 pub unsafe fn memory_info(dev: nvmlDevice_t, mem: *mut nvmlMemory_t) -> nvmlReturn_t {
