@@ -1,6 +1,7 @@
 //! NVML's memory view (`nvidia-smi`, monitoring agents, frameworks that size themselves from it)
-//! agrees with `cuMemGetInfo_v2`: total = min(limit, physical), used from our ledger, free =
-//! min(physical free, total − used), never above physical, never negative. NVML numbers devices
+//! agrees with `cuMemGetInfo_v2`: total = min(limit, physical) (the tighter of the process's and
+//! its group's), free = min(physical free, total − charged), used = total − free; never above
+//! physical, never negative. NVML numbers devices
 //! its own way (all GPUs, no `CUDA_VISIBLE_DEVICES`), so a handle is matched to a CUDA ordinal by
 //! UUID; a GPU this process cannot see through CUDA keeps the physical view.
 
