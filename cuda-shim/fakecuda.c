@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "size_suffix.h"
 
 atomic_ullong fc_counters[FC_EP_COUNT];
 struct fc_config fc_cfg;
@@ -58,20 +59,7 @@ static int parse_size(const char *s, unsigned long long *out)
             return -1;
         v = v * 10 + (unsigned long long)(*p - '0');
     }
-    switch (*p | 0x20) {
-    case 'k': shift = 10; break;
-    case 'm': shift = 20; break;
-    case 'g': shift = 30; break;
-    case 't': shift = 40; break;
-    default: break;
-    }
-    if (shift) {
-        p++;
-        if ((*p | 0x20) == 'i')
-            p++;
-        if ((*p | 0x20) == 'b')
-            p++;
-    }
+    shift = size_suffix_shift(&p);
     if (*p || v == 0 || v > (ULLONG_MAX >> shift))
         return -1;
     *out = v << shift;

@@ -45,6 +45,7 @@
 
 #include "client.h"
 #include "fakecuda.h"
+#include "size_suffix.h"
 
 static const struct cu_api *A;
 
@@ -90,20 +91,7 @@ static unsigned long long parse_size(const char *s)
     if (!s || *s < '0' || *s > '9')
         die("bad size '%s'", s ? s : "(missing)");
     v = strtoull(s, &end, 10);
-    switch (*end | 0x20) {
-    case 'k': shift = 10; break;
-    case 'm': shift = 20; break;
-    case 'g': shift = 30; break;
-    case 't': shift = 40; break;
-    default: break;
-    }
-    if (shift) {
-        end++;
-        if ((*end | 0x20) == 'i')
-            end++;
-        if ((*end | 0x20) == 'b')
-            end++;
-    }
+    shift = size_suffix_shift((const char **)&end);
     if (errno || *end || (shift && v > (~0ULL >> shift)))
         die("bad size '%s'", s);
     return v << shift;
