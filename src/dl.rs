@@ -94,7 +94,8 @@ fn decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     if config::get().disabled {
         return null_mut();
     }
-    let found = real_dlsym(handle, symbol);
+    // The caller of our dlsym handed these to dlsym: the same contract holds.
+    let found = unsafe { real_dlsym(handle, symbol) };
     if found.is_null() {
         return null_mut();
     }
@@ -133,7 +134,10 @@ fn real_dlsym_fn() -> Option<DlsymFn> {
 }
 
 /// `dlsym` on a handle we name (never `RTLD_NEXT`: from here that would mean "after vramcap").
-pub fn real_dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+///
+/// # Safety
+/// `handle` must be a handle from `dlopen` (or `RTLD_DEFAULT`) and `symbol` a NUL-terminated string.
+pub unsafe fn real_dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     match real_dlsym_fn() {
         Some(f) => unsafe { f(handle, symbol) },
         None => null_mut(),
@@ -242,7 +246,8 @@ impl Slot {
         if h.is_null() {
             return null_mut();
         }
-        let p = real_dlsym(h, self.cname.as_ptr().cast());
+        // `cname` is NUL-terminated by construction (the hook tables append "\0").
+        let p = unsafe { real_dlsym(h, self.cname.as_ptr().cast()) };
         self.ptr.store(if p.is_null() { MISSING } else { p }, Ordering::Release);
         p
     }
