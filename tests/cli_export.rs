@@ -112,3 +112,23 @@ print('\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('text')))
         assert!(texts.contains(want), "SVG lacks {want:?}; texts:\n{texts}");
     }
 }
+
+/// Found by fuzzing (trace_reader): an event on device 1879048192 made the memory-viz export write
+/// one empty list per ordinal up to it and never finish; device -1 wrapped the count.
+#[test]
+fn memory_viz_with_implausible_device_numbers_finishes_and_loads() {
+    let dir = scratch("memviz-devs");
+    let trace = dir.join("t.jsonl");
+    let h = r#"{"type":"header","version":1,"pid":7,"ppid":1,"exe":"x","cmdline":["x"],"host":"h","start_unix_ns":1764441600000000000,"devices":[{"index":0,"total":1024,"limit":null}],"group":null}"#;
+    let ev = |seq: u64, dev: i64, ptr: &str| {
+        format!(r#"{{"type":"event","seq":{seq},"t_ns":{},"tid":1,"op":"alloc","api":"cuMemAlloc_v2","dev":{dev},"ptr":"{ptr}","size":256,"result":0,"dur_ns":1,"used":256}}"#, 1000 * (seq + 1))
+    };
+    std::fs::write(&trace, format!("{h}\n{}\n{}\n{}\n", ev(0, 0, "0x100"), ev(1, 1879048192, "0x200"), ev(2, -1, "0x300"))).unwrap();
+    let out = dir.join("snap.pickle");
+    let t0 = std::time::Instant::now();
+    ok(&["export", "--format", "memory-viz", trace.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(20));
+    let n = python("import pickle,sys; print(len(pickle.load(open(sys.argv[1],'rb'))['device_traces']))", &[out.to_str().unwrap()]);
+    // Devices 0 and 1879048192 get a list each (device -1 events have none), not one per ordinal.
+    assert_eq!(n.trim(), "2");
+}

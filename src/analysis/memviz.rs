@@ -147,6 +147,9 @@ pub fn export(paths: &[PathBuf], out: &Path, w: Window) -> Result<(), String> {
     Ok(())
 }
 
+/// Device ordinals above this are not real GPUs of one process.
+const MAX_ORDINAL: i32 = 1024;
+
 /// Writes the snapshot: `device_traces` from the part files, `segments` from the live tables.
 /// With one trace, list index = CUDA ordinal; with several, one list per (process, device).
 fn assemble(m: &Merged, slots: &mut [Slot], single: bool, out: &Path) -> Result<(), String> {
@@ -156,6 +159,9 @@ fn assemble(m: &Merged, slots: &mut [Slot], single: bool, out: &Path) -> Result<
         s.p.w.flush().map_err(io_err)?;
     }
     slots.sort_by_key(|s| (s.proc_idx, s.dev));
+    // List index = CUDA ordinal only for plausible ordinals: a corrupt trace's device 1879048192
+    // (or -1) must not become billions of empty lists (found by fuzzing: it hung the export).
+    let single = single && slots.iter().all(|s| (0..MAX_ORDINAL).contains(&s.dev));
     let index_of = |k: usize, s: &Slot| if single { s.dev as usize } else { k };
     let n = slots.iter().enumerate().map(|(k, s)| index_of(k, s) + 1).max().unwrap_or(0);
     let f = File::create(out).map_err(|e| format!("{}: cannot create: {e}", out.display()))?;
