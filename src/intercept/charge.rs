@@ -157,7 +157,8 @@ pub fn alloc_settled(
 
 /// Take the entry out before the driver frees (so a racing allocation that gets the same key
 /// cannot have its entry removed by us), release after success, put it back after failure.
-/// Keys we never charged go to the driver untouched.
+/// Keys we never charged go to the driver untouched. A stream-ordered pointer (a kind that is not
+/// charged itself) is charged through its pool: after its free the pool's holding is re-read.
 pub fn free(api: Hook, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
     if mode() == Mode::PassThrough {
         return call();
@@ -166,7 +167,11 @@ pub fn free(api: Hook, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) ->
     let t = timed(call);
     guarded((), || match taken {
         Some(c) if t.rc == CUDA_SUCCESS => {
-            ledger::release(c.dev as usize, c.size);
+            if kind.charged() {
+                ledger::release(c.dev as usize, c.size);
+            } else {
+                super::pool::refresh_device(c.dev as usize);
+            }
             emit(Op::Free, api, c.dev as i32, key, c.size, t, ledger::used(c.dev as usize));
         }
         Some(c) => {

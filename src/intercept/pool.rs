@@ -190,27 +190,9 @@ unsafe fn alloc(api: Hook, dptr: *mut CUdeviceptr, size: usize, pool: Option<u64
 }
 
 /// The pool keeps the block reserved, so the charge normally stays; the free is charged to the
-/// device the allocation came from, whatever the current context is.
+/// device the allocation came from, whatever the current context is ([`charge::free`]).
 fn free(api: Hook, ptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
-    if mode() != Mode::Enforce {
-        return call();
-    }
-    let taken = guarded(None, || ledger::take(Kind::AsyncPtr, ptr));
-    let t = timed(call);
-    let rc = t.rc;
-    guarded((), || match taken {
-        Some(c) if rc == CUDA_SUCCESS => {
-            refresh_device(c.dev as usize);
-            emit(Op::Free, api, c.dev as i32, ptr, c.size, t, ledger::used(c.dev as usize));
-        }
-        Some(c) => {
-            ledger::insert(Kind::AsyncPtr, ptr, c);
-            emit(Op::Fail, api, c.dev as i32, ptr, 0, t, ledger::used(c.dev as usize));
-        }
-        None if rc != CUDA_SUCCESS => emit(Op::Fail, api, -1, ptr, 0, t, 0),
-        None => {}
-    });
-    rc
+    super::charge::free(api, Kind::AsyncPtr, ptr, call)
 }
 
 pub unsafe fn alloc_async(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult {
