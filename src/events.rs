@@ -3,8 +3,14 @@
 //!
 //! Each thread appends fixed-size records to its own single-producer ring, which the writer
 //! drains every few milliseconds. So the allocating thread does no I/O, no formatting, takes no
-//! lock, never allocates, and touches no cache line that other allocating threads write except
-//! the sequence counter. A full ring drops the record and counts it.
+//! lock, never allocates, and touches no cache line that other allocating threads write. A full
+//! ring drops the record and counts it.
+//!
+//! Sequence numbers are given by the writer, not taken by the allocating thread: a shared counter
+//! would cost every event a locked read-modify-write on one cache line that all threads fight
+//! over. The writer merges each drained block by time and numbers it; a record remembers how many
+//! of its thread's events were dropped just before it, so the writer leaves that many numbers out
+//! and a gap in `seq` still marks where events were lost.
 
 use crate::ffi::CUresult;
 use crate::hooks::Hook;
@@ -67,14 +73,26 @@ pub struct Event {
     pub used: u64,
 }
 
-/// An event as buffered: stamped with its sequence number, time and thread.
+/// An event as the writer handles it: stamped with its time and thread, numbered by [`number`].
 #[derive(Clone, Copy, Debug)]
 pub struct Record {
     pub seq: u64,
     /// When the call returned, in clock ticks ([`crate::clock`]).
     pub at: u64,
     pub tid: u32,
+    /// Events of this thread dropped (ring full) right before this one: `seq` skips that many.
+    pub lost_before: u32,
     pub ev: Event,
+}
+
+/// An event as buffered in a thread's ring: a [`Record`] without its number (64 bytes, one cache
+/// line).
+#[derive(Clone, Copy)]
+struct Pushed {
+    at: u64,
+    tid: u32,
+    lost_before: u32,
+    ev: Event,
 }
 
 /// Records per thread ring: at 1 M events/s from one thread the writer has 16 ms to come by.
@@ -91,7 +109,9 @@ struct Padded<T>(T);
 pub struct ThreadBuf {
     head: Padded<AtomicUsize>,
     tail: Padded<AtomicUsize>,
-    slots: Box<[UnsafeCell<MaybeUninit<Record>>]>,
+    /// Producer only: events dropped since the last one that fitted.
+    lost: UnsafeCell<u32>,
+    slots: Box<[UnsafeCell<MaybeUninit<Pushed>>]>,
     in_use: AtomicBool,
 }
 
@@ -102,6 +122,7 @@ impl ThreadBuf {
         ThreadBuf {
             head: Padded(AtomicUsize::new(0)),
             tail: Padded(AtomicUsize::new(0)),
+            lost: UnsafeCell::new(0),
             slots: (0..THREAD_CAPACITY).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect(),
             in_use: AtomicBool::new(true),
         }
@@ -109,23 +130,29 @@ impl ThreadBuf {
 
     /// Producer side (only the owning thread). False when full.
     #[inline]
-    fn push(&self, r: Record) -> bool {
+    fn push(&self, tid: u32, ev: Event, at: u64) -> bool {
         let h = self.head.0.load(Ordering::Relaxed);
+        // Only the owning thread touches `lost`.
+        let lost = unsafe { &mut *self.lost.get() };
         if h.wrapping_sub(self.tail.0.load(Ordering::Acquire)) >= THREAD_CAPACITY {
+            *lost = lost.saturating_add(1);
             return false;
         }
-        unsafe { (*self.slots[h % THREAD_CAPACITY].get()).write(r) };
+        unsafe { (*self.slots[h % THREAD_CAPACITY].get()).write(Pushed { at, tid, lost_before: *lost, ev }) };
+        *lost = 0;
         self.head.0.store(h.wrapping_add(1), Ordering::Release);
         true
     }
 
-    /// Consumer side (only the writer): appends everything published so far to `into`.
+    /// Consumer side (only the writer): appends everything published so far to `into`, not yet
+    /// numbered.
     pub fn drain(&self, into: &mut Vec<Record>) {
         let t = self.tail.0.load(Ordering::Relaxed);
         let h = self.head.0.load(Ordering::Acquire);
         let mut i = t;
         while i != h {
-            into.push(unsafe { (*self.slots[i % THREAD_CAPACITY].get()).assume_init() });
+            let p = unsafe { (*self.slots[i % THREAD_CAPACITY].get()).assume_init() };
+            into.push(Record { seq: 0, at: p.at, tid: p.tid, lost_before: p.lost_before, ev: p.ev });
             i = i.wrapping_add(1);
         }
         self.tail.0.store(h, Ordering::Release);
@@ -135,8 +162,14 @@ impl ThreadBuf {
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static BUFFERS: Lock<Vec<&'static ThreadBuf>> = Lock::new(Vec::new());
 static WRITER_STARTED: AtomicBool = AtomicBool::new(false);
-static SEQ: Padded<AtomicU64> = Padded(AtomicU64::new(0));
+/// Every event lost, wherever (a full ring, a failed write).
 static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Of those, the ones lost in a full ring (they never reached the writer, so it never numbered
+/// them).
+static RING_DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Writer only: the next sequence number, and how many ring drops it has left gaps for.
+static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
+static GAPS: AtomicU64 = AtomicU64::new(0);
 /// Bumped in a forked child, so per-thread caches taken before the fork are refreshed.
 static FORK_GENERATION: AtomicU32 = AtomicU32::new(0);
 
@@ -155,15 +188,34 @@ pub fn set_enabled(on: bool) {
 #[inline]
 pub fn emit(ev: Event, at: u64) {
     let Some(me) = me() else { return };
-    let rec = Record { seq: SEQ.0.fetch_add(1, Ordering::Relaxed), at, tid: me.tid, ev };
-    if !unsafe { &*me.buf }.push(rec) {
+    if !unsafe { &*me.buf }.push(me.tid, ev, at) {
+        RING_DROPPED.fetch_add(1, Ordering::Relaxed);
         DROPPED.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// Events handed out so far (written or dropped).
+/// Writer only: puts a drained block in time order (a thread's own events keep their order) and
+/// numbers it, leaving a gap wherever a thread dropped events.
+pub fn number(batch: &mut [Record]) {
+    // Stable, and each thread's run is already sorted: this is a merge, not a full sort.
+    batch.sort_by_key(|r| r.at);
+    let mut next = NEXT_SEQ.load(Ordering::Relaxed);
+    let mut gaps = 0u64;
+    for r in batch.iter_mut() {
+        next += r.lost_before as u64;
+        gaps += r.lost_before as u64;
+        r.seq = next;
+        next += 1;
+    }
+    NEXT_SEQ.store(next, Ordering::Relaxed);
+    GAPS.fetch_add(gaps, Ordering::Relaxed);
+}
+
+/// Events handed out so far (written or dropped): what the writer numbered, plus ring drops it
+/// has not yet seen a later event for.
 pub fn emitted() -> u64 {
-    SEQ.0.load(Ordering::Relaxed)
+    let gaps = GAPS.load(Ordering::Relaxed);
+    NEXT_SEQ.load(Ordering::Relaxed) + RING_DROPPED.load(Ordering::Relaxed).saturating_sub(gaps)
 }
 
 pub fn dropped() -> u64 {
@@ -250,6 +302,8 @@ pub fn after_fork_child() {
     BUFFERS.reset_in_child();
     std::mem::forget(std::mem::take(&mut *BUFFERS.lock()));
     WRITER_STARTED.store(false, Ordering::Release);
-    SEQ.0.store(0, Ordering::Relaxed);
+    NEXT_SEQ.store(0, Ordering::Relaxed);
+    GAPS.store(0, Ordering::Relaxed);
+    RING_DROPPED.store(0, Ordering::Relaxed);
     DROPPED.store(0, Ordering::Relaxed);
 }

@@ -331,3 +331,52 @@ fn every_family_is_traced_with_its_op_and_api() {
     assert_eq!(pitch["size"], 512 * 100, "pitch × height, not width × height");
     assert_eq!(t.last().unwrap()["used"]["0"], events(&t).last().unwrap()["used"]);
 }
+
+/// A trace going to a FIFO whose reader stalls: the writer blocks in write(), every ring fills,
+/// and events are dropped. Nothing blocks the job; the drops are counted, and the gap in `seq`
+/// sits exactly where they happened. (Also: a FIFO or terminal as the trace path used to hang the
+/// writer before it wrote a line, when it looked for a previous trace in it.)
+#[test]
+fn a_stalled_reader_drops_events_and_seq_gaps_mark_them() {
+    use std::io::Read;
+    let dir = tmpdir("fifo");
+    let fifo = dir.join("t.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let reader_path = fifo.clone();
+    let reader = std::thread::spawn(move || {
+        let mut f = std::fs::File::open(&reader_path).unwrap(); // waits for the writer thread
+        std::thread::sleep(Duration::from_millis(1500)); // meanwhile the pipe and the ring fill
+        let mut text = String::new();
+        f.read_to_string(&mut text).unwrap();
+        text
+    });
+    let out = Run::client("client_procaddr")
+        .env("VRAMCAP_LIMIT", "8g")
+        .env("VRAMCAP_TRACE", &fifo)
+        .args(["init ctx 0 benchmt 1 100000 256"])
+        .run();
+    out.ok();
+    let text = reader.join().unwrap();
+    let t: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(t[0]["type"], "header");
+    let s = t.last().unwrap();
+    assert_eq!(s["type"], "summary", "the writer finished");
+    let (total, dropped) = (s["events"].as_u64().unwrap(), s["dropped"].as_u64().unwrap());
+    assert_eq!(total, 200_000, "every call counted, written or not");
+    assert!(dropped > 0, "a stalled reader must cost events: {s}");
+    let seqs: Vec<u64> = events(&t).iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs.len() as u64 + dropped, total);
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "one thread's events in order");
+    // The numbers left out are exactly the dropped events: inside gaps or after the last line.
+    let in_gaps: u64 = seqs.windows(2).map(|w| w[1] - w[0] - 1).sum::<u64>() + seqs[0];
+    let after = total - 1 - seqs.last().unwrap();
+    assert_eq!(in_gaps + after, dropped);
+    assert!(in_gaps > 0, "a later event marks the drops before it: {seqs:?}");
+    // Alloc and free alternate on this thread: the op sequence agrees with the numbering.
+    for w in events(&t).windows(2) {
+        let (a, b) = (w[0]["seq"].as_u64().unwrap(), w[1]["seq"].as_u64().unwrap());
+        let same_parity = (b - a) % 2 == 0;
+        assert_eq!(w[0]["op"] == w[1]["op"], same_parity, "{} then {}", w[0], w[1]);
+    }
+}

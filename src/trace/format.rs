@@ -148,6 +148,7 @@ mod tests {
             seq: 17,
             at: 0,
             tid: 4243,
+            lost_before: 0,
             ev: Event {
                 op: Op::Alloc,
                 api: Hook::cuMemAlloc_v2,

@@ -129,6 +129,11 @@ fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
 /// A stale file of a finished run (or our own, from before `exec`) is overwritten as before.
 fn live_owner(path: &str) -> Option<i32> {
     use std::io::{BufRead, Read};
+    // Only a regular file can hold a previous trace. Opening a FIFO or a terminal
+    // (`VRAMCAP_TRACE=/dev/stdout`) to read its first line would block the writer for good.
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
     let f = std::fs::File::open(path).ok()?;
     let mut first = String::new();
     std::io::BufReader::new(f.take(4096)).read_line(&mut first).ok()?;

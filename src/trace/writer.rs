@@ -144,8 +144,7 @@ impl Writer {
                 continue;
             }
             sleep = Duration::from_micros(200);
-            // Threads take sequence numbers before they append: restore order within a batch.
-            batch.sort_unstable_by_key(|r| r.seq);
+            events::number(&mut batch);
             for r in &batch {
                 self.event(r);
             }
@@ -164,6 +163,7 @@ impl Writer {
     pub fn discard(&mut self) {
         let mut batch = Vec::new();
         self.collect(&mut batch);
+        events::number(&mut batch);
         events::add_dropped(batch.len() as u64);
     }
 
