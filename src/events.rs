@@ -85,9 +85,10 @@ pub struct Record {
     pub ev: Event,
 }
 
-/// An event as buffered in a thread's ring: a [`Record`] without its number (64 bytes, one cache
-/// line).
+/// An event as buffered in a thread's ring: a [`Record`] without its number, exactly one cache
+/// line (so a push writes one line, never two).
 #[derive(Clone, Copy)]
+#[repr(C, align(64))]
 struct Pushed {
     at: u64,
     tid: u32,
@@ -109,20 +110,28 @@ struct Padded<T>(T);
 pub struct ThreadBuf {
     head: Padded<AtomicUsize>,
     tail: Padded<AtomicUsize>,
-    /// Producer only: events dropped since the last one that fitted.
-    lost: UnsafeCell<u32>,
+    /// Events this ring dropped, ever. Written only by the producer (a plain load and store, no
+    /// locked instruction: a lagging writer must not make the drop path dearer); the writer sums.
+    dropped: AtomicU64,
+    /// Producer only: `dropped` as of the last record pushed, and `tail` as last read.
+    reported: UnsafeCell<u64>,
+    tail_seen: UnsafeCell<usize>,
     slots: Box<[UnsafeCell<MaybeUninit<Pushed>>]>,
     in_use: AtomicBool,
 }
 
 unsafe impl Sync for ThreadBuf {}
 
+const _: () = assert!(std::mem::size_of::<Pushed>() == 64);
+
 impl ThreadBuf {
     fn new() -> ThreadBuf {
         ThreadBuf {
             head: Padded(AtomicUsize::new(0)),
             tail: Padded(AtomicUsize::new(0)),
-            lost: UnsafeCell::new(0),
+            dropped: AtomicU64::new(0),
+            reported: UnsafeCell::new(0),
+            tail_seen: UnsafeCell::new(0),
             slots: (0..THREAD_CAPACITY).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect(),
             in_use: AtomicBool::new(true),
         }
@@ -132,15 +141,26 @@ impl ThreadBuf {
     #[inline]
     fn push(&self, tid: u32, ev: Event, at: u64) -> bool {
         let h = self.head.0.load(Ordering::Relaxed);
-        // Only the owning thread touches `lost`.
-        let lost = unsafe { &mut *self.lost.get() };
-        if h.wrapping_sub(self.tail.0.load(Ordering::Acquire)) >= THREAD_CAPACITY {
-            *lost = lost.saturating_add(1);
-            return false;
+        // Only the owning thread touches these.
+        let (tail_seen, reported) = unsafe { (&mut *self.tail_seen.get(), &mut *self.reported.get()) };
+        // The writer's tail is re-read only when the ring looks full: its cache line is written
+        // at every drain.
+        if h.wrapping_sub(*tail_seen) >= THREAD_CAPACITY {
+            *tail_seen = self.tail.0.load(Ordering::Acquire);
+            if h.wrapping_sub(*tail_seen) >= THREAD_CAPACITY {
+                self.dropped.store(self.dropped.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                return false;
+            }
         }
-        unsafe { (*self.slots[h % THREAD_CAPACITY].get()).write(Pushed { at, tid, lost_before: *lost, ev }) };
-        *lost = 0;
+        let lost = (self.dropped.load(Ordering::Relaxed) - *reported).min(u32::MAX as u64);
+        *reported += lost;
+        unsafe { (*self.slots[h % THREAD_CAPACITY].get()).write(Pushed { at, tid, lost_before: lost as u32, ev }) };
         self.head.0.store(h.wrapping_add(1), Ordering::Release);
+        // The writer read the next slot's line a lap ago, so writing it means taking the line
+        // back from the writer's core. Ask for it now: the transfer overlaps whatever the
+        // application and the driver do before the next event, instead of stalling its first
+        // locked instruction behind a pending store.
+        prefetch_for_write(self.slots[h.wrapping_add(1) % THREAD_CAPACITY].get().cast());
         true
     }
 
@@ -159,14 +179,27 @@ impl ThreadBuf {
     }
 }
 
+/// A hint only: no effect on what the program computes.
+#[inline(always)]
+fn prefetch_for_write(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        core::arch::asm!("prefetchw [{}]", in(reg) p, options(nostack, preserves_flags, readonly))
+    };
+    #[cfg(target_arch = "aarch64")]
+    unsafe {
+        core::arch::asm!("prfm pstl1keep, [{}]", in(reg) p, options(nostack, preserves_flags, readonly))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = p;
+}
+
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static BUFFERS: Lock<Vec<&'static ThreadBuf>> = Lock::new(Vec::new());
 static WRITER_STARTED: AtomicBool = AtomicBool::new(false);
-/// Every event lost, wherever (a full ring, a failed write).
+/// Events the writer could not deliver (a failed write, nowhere to write). Those lost in a full
+/// ring are counted by the ring itself.
 static DROPPED: AtomicU64 = AtomicU64::new(0);
-/// Of those, the ones lost in a full ring (they never reached the writer, so it never numbered
-/// them).
-static RING_DROPPED: AtomicU64 = AtomicU64::new(0);
 /// Writer only: the next sequence number, and how many ring drops it has left gaps for.
 static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
 static GAPS: AtomicU64 = AtomicU64::new(0);
@@ -188,10 +221,12 @@ pub fn set_enabled(on: bool) {
 #[inline]
 pub fn emit(ev: Event, at: u64) {
     let Some(me) = me() else { return };
-    if !unsafe { &*me.buf }.push(me.tid, ev, at) {
-        RING_DROPPED.fetch_add(1, Ordering::Relaxed);
-        DROPPED.fetch_add(1, Ordering::Relaxed);
-    }
+    unsafe { &*me.buf }.push(me.tid, ev, at);
+}
+
+/// Events lost in full rings, over every ring ever handed out.
+fn ring_dropped() -> u64 {
+    BUFFERS.lock().iter().map(|b| b.dropped.load(Ordering::Relaxed)).sum()
 }
 
 /// Writer only: puts a drained block in time order (a thread's own events keep their order) and
@@ -215,11 +250,11 @@ pub fn number(batch: &mut [Record]) {
 /// has not yet seen a later event for.
 pub fn emitted() -> u64 {
     let gaps = GAPS.load(Ordering::Relaxed);
-    NEXT_SEQ.load(Ordering::Relaxed) + RING_DROPPED.load(Ordering::Relaxed).saturating_sub(gaps)
+    NEXT_SEQ.load(Ordering::Relaxed) + ring_dropped().saturating_sub(gaps)
 }
 
 pub fn dropped() -> u64 {
-    DROPPED.load(Ordering::Relaxed)
+    DROPPED.load(Ordering::Relaxed) + ring_dropped()
 }
 
 /// Counts records the writer could not deliver (full disk, closed sink).
@@ -304,6 +339,5 @@ pub fn after_fork_child() {
     WRITER_STARTED.store(false, Ordering::Release);
     NEXT_SEQ.store(0, Ordering::Relaxed);
     GAPS.store(0, Ordering::Relaxed);
-    RING_DROPPED.store(0, Ordering::Relaxed);
     DROPPED.store(0, Ordering::Relaxed);
 }

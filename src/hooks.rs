@@ -45,7 +45,7 @@ macro_rules! hook_table {
     )*) => {
         #[allow(non_camel_case_types)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        #[repr(usize)]
+        #[repr(u16)]
         pub enum Hook { $($name),* }
 
         const COUNT: usize = <[()]>::len(&[$(unit!($name)),*]);
