@@ -332,9 +332,9 @@ fn every_family_is_traced_with_its_op_and_api() {
     assert_eq!(t.last().unwrap()["used"]["0"], events(&t).last().unwrap()["used"]);
 }
 
-/// A trace going to a FIFO whose reader stalls: the writer blocks in write(), every ring fills,
-/// and events are dropped. Nothing blocks the job; the drops are counted, and the gap in `seq`
-/// sits exactly where they happened. (Also: a FIFO or terminal as the trace path used to hang the
+/// A trace going to a FIFO whose reader stalls: the I/O thread blocks in write(), the queue of
+/// formatted blocks fills, and events are dropped. Nothing blocks the job; the drops are counted,
+/// and the numbers missing from `seq` are exactly the dropped events. (Also: a FIFO or terminal as the trace path used to hang the
 /// writer before it wrote a line, when it looked for a previous trace in it.)
 #[test]
 fn a_stalled_reader_drops_events_and_seq_gaps_mark_them() {
@@ -354,7 +354,7 @@ fn a_stalled_reader_drops_events_and_seq_gaps_mark_them() {
     let out = Run::client("client_procaddr")
         .env("VRAMCAP_LIMIT", "8g")
         .env("VRAMCAP_TRACE", &fifo)
-        .args(["init ctx 0 benchmt 1 100000 256"])
+        .args(["init ctx 0 benchmt 1 200000 256"])
         .run();
     out.ok();
     let text = reader.join().unwrap();
@@ -363,7 +363,7 @@ fn a_stalled_reader_drops_events_and_seq_gaps_mark_them() {
     let s = t.last().unwrap();
     assert_eq!(s["type"], "summary", "the writer finished");
     let (total, dropped) = (s["events"].as_u64().unwrap(), s["dropped"].as_u64().unwrap());
-    assert_eq!(total, 200_000, "every call counted, written or not");
+    assert_eq!(total, 400_000, "every call counted, written or not");
     assert!(dropped > 0, "a stalled reader must cost events: {s}");
     let seqs: Vec<u64> = events(&t).iter().map(|e| e["seq"].as_u64().unwrap()).collect();
     assert_eq!(seqs.len() as u64 + dropped, total);
@@ -379,4 +379,34 @@ fn a_stalled_reader_drops_events_and_seq_gaps_mark_them() {
         let same_parity = (b - a) % 2 == 0;
         assert_eq!(w[0]["op"] == w[1]["op"], same_parity, "{} then {}", w[0], w[1]);
     }
+}
+
+/// Rerunning with the same path replaces the previous trace: a large old file is swapped for a
+/// new one (so freeing it never stalls the writer) and no temporary file is left behind; a
+/// symlink is written through, not replaced.
+#[test]
+fn a_previous_trace_is_replaced_and_a_symlink_written_through() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tmpdir("rerun");
+    let path = dir.join("t.jsonl");
+    std::fs::write(&path, "old line that is not json\n".repeat(100_000)).unwrap();
+    let old_inode = std::fs::metadata(&path).unwrap().ino();
+    let run = |p: &Path| Run::client("client_procaddr").env("VRAMCAP_LIMIT", "1g").env("VRAMCAP_TRACE", p).args(["init ctx 0 alloc 1m free 0"]).run();
+    run(&path).ok();
+    let t = read_trace(&path);
+    assert_eq!(t[0]["type"], "header");
+    assert_eq!(events(&t).len(), 2);
+    assert_ne!(std::fs::metadata(&path).unwrap().ino(), old_inode, "a large old trace is replaced, not truncated");
+    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("t.jsonl")], "no temporary file left");
+
+    let target = dir.join("target.jsonl");
+    std::fs::write(&target, "old\n".repeat(1000)).unwrap();
+    let link = dir.join("link.jsonl");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    run(&link).ok();
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays a link");
+    let t = read_trace(&target);
+    assert_eq!(t[0]["type"], "header", "written through the link, old content gone");
+    assert_eq!(t.last().unwrap()["type"], "summary");
 }

@@ -148,7 +148,9 @@ fn live_owner(path: &str) -> Option<i32> {
 
 fn open(path: &str) -> i32 {
     let Ok(c) = CString::new(path) else { return -1 };
-    unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o644) }
+    // No O_TRUNC: truncating a large previous trace can take long; the I/O thread does it while
+    // the writer already drains (writer.rs).
+    unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC, 0o644) }
 }
 
 fn block_all_signals() {

@@ -1,14 +1,24 @@
-//! The writer thread: swaps every thread's filled event buffer for an empty one, formats the lines
-//! into one buffer and writes it in large blocks. It blocks every signal (a file-size limit then yields EFBIG instead of killing the job),
-//! never calls CUDA, and never makes an allocating thread wait. At least once a second it flushes,
-//! so a killed process loses at most the last second; a write error (full disk, file too large)
-//! stops writing, counts what was lost as dropped and warns once. Without a trace file (`fd` -1)
-//! it only feeds the sidecar connection, which it also drives ([`super::sidecar`]).
+//! The writer thread: drains every thread's ring, formats the lines into one buffer and hands it,
+//! in large blocks, to the I/O thread that writes the file. Both block every signal (a file-size
+//! limit then yields EFBIG instead of killing the job), never call CUDA, and never make an
+//! allocating thread wait. At least twice a second a block goes out, so a killed process loses at
+//! most the last second; a write error (full disk, file too large) stops writing, counts what was
+//! lost as dropped and warns once. Without a trace file it only feeds the sidecar connection,
+//! which it also drives ([`super::sidecar`]).
+//!
+//! Writing happens on its own thread so that a slow file never stops the draining: truncating a
+//! large previous trace, dirty-page throttling or a stalled reader of a FIFO can each hold
+//! `write()` for tens of milliseconds, longer than a thread's ring lasts at a million events per
+//! second. Up to [`QUEUED_BLOCKS`] blocks wait for the disk; beyond that a block is dropped and
+//! counted, never waited for.
 
 use super::format::{self, Summary};
 use super::sidecar::Sidecar;
 use crate::clock::Calibration;
 use crate::events::{self, Record, ThreadBuf};
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Write when this much is buffered, even within the second.
@@ -16,14 +26,31 @@ const BLOCK: usize = 256 * 1024;
 const FLUSH_EVERY: Duration = Duration::from_millis(500);
 /// Idle sleeps grow to this; at 1 M events/s from one thread its buffer (16 384) fills in 16 ms.
 const MAX_IDLE_SLEEP: Duration = Duration::from_millis(4);
+/// Blocks (of about [`BLOCK`] bytes) waiting for the disk: 16 MiB, ~150 000 events.
+pub const QUEUED_BLOCKS: usize = 64;
+
+/// Formatted lines on their way to the file, and how many events they hold.
+struct Block {
+    bytes: Vec<u8>,
+    events: u64,
+}
+
+/// The I/O thread's end of the file.
+struct Io {
+    tx: Option<Sender<Block>>,
+    /// Set by the I/O thread after a write error: stop formatting for the file.
+    failed: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// A block was refused because the queue was full (warned once).
+    overflowed: bool,
+}
 
 pub struct Writer {
-    fd: i32,
+    io: Option<Io>,
     path: String,
     buf: Vec<u8>,
-    /// Events in `buf` not yet written (counted as dropped if the write fails).
+    /// Events in `buf` not yet handed to the I/O thread.
     buffered_events: u64,
-    failed: bool,
     origin_mono_ns: u64,
     last_flush: Instant,
     calibration: Calibration,
@@ -32,13 +59,15 @@ pub struct Writer {
 }
 
 impl Writer {
+    /// `fd`: the trace file, opened but not yet truncated (-1: none). The I/O thread truncates it
+    /// (which can take long for a large previous trace) while this thread already drains.
     pub fn new(fd: i32, path: String, origin_mono_ns: u64, sidecar: Option<Sidecar>) -> Writer {
+        let io = (fd >= 0).then(|| spawn_io(fd, path.clone()));
         Writer {
-            fd,
+            io,
             path,
             buf: Vec::with_capacity(BLOCK + 4096),
             buffered_events: 0,
-            failed: false,
             origin_mono_ns,
             last_flush: Instant::now(),
             calibration: Calibration::new(),
@@ -51,8 +80,13 @@ impl Writer {
         format::json_line(&mut self.buf, v);
     }
 
+    /// Whether lines still go to a file.
+    fn to_file(&self) -> bool {
+        self.io.as_ref().is_some_and(|io| io.tx.is_some() && !io.failed.load(Ordering::Relaxed))
+    }
+
     fn event(&mut self, r: &Record) {
-        let to_file = self.fd >= 0 && !self.failed;
+        let to_file = self.to_file();
         if !to_file && self.sidecar.is_none() {
             events::add_dropped(1);
             return;
@@ -69,7 +103,7 @@ impl Writer {
             self.buffered_events += 1;
         } else {
             self.buf.truncate(start);
-            if self.fd >= 0 {
+            if self.io.is_some() {
                 events::add_dropped(1);
             }
         }
@@ -81,39 +115,34 @@ impl Writer {
         }
     }
 
+    /// Hands what is buffered to the I/O thread (never waits for it).
     pub fn flush(&mut self) {
         self.last_flush = Instant::now();
         self.calibration.refresh();
-        if self.failed || self.buf.is_empty() {
-            self.buf.clear();
+        let events = std::mem::take(&mut self.buffered_events);
+        if self.buf.is_empty() {
             return;
         }
-        let mut off = 0;
-        while off < self.buf.len() {
-            let n = unsafe { libc::write(self.fd, self.buf[off..].as_ptr().cast(), self.buf.len() - off) };
-            if n > 0 {
-                off += n as usize;
-                continue;
+        let bytes = std::mem::replace(&mut self.buf, Vec::with_capacity(BLOCK + 4096));
+        let Some(io) = self.io.as_mut().filter(|io| !io.failed.load(Ordering::Relaxed)) else {
+            events::add_dropped(events);
+            return;
+        };
+        let Some(tx) = io.tx.as_ref() else { return };
+        match tx.try_send(Block { bytes, events }) {
+            Ok(()) => {}
+            Err(TrySendError::Full(b)) => {
+                events::add_dropped(b.events);
+                if !io.overflowed {
+                    io.overflowed = true;
+                    crate::log::write_line(&format!(
+                        "vramcap: trace {}: the file cannot keep up; events are dropped and counted, the job continues",
+                        self.path
+                    ));
+                }
             }
-            let err = std::io::Error::last_os_error();
-            if n < 0 && err.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            // Full disk, quota, file-size limit, removed directory: stop, count, say so once.
-            // Only whole lines were handed to write(), so the file ends at most in one cut line.
-            self.failed = true;
-            let written_lines = self.buf[..off].iter().filter(|&&b| b == b'\n').count() as u64;
-            let total_lines = self.buf.iter().filter(|&&b| b == b'\n').count() as u64;
-            let lost_events = (total_lines - written_lines).min(self.buffered_events);
-            events::add_dropped(lost_events);
-            crate::log::write_line(&format!(
-                "vramcap: trace {} stopped: {err}; further events are counted as dropped, the job continues",
-                self.path
-            ));
-            break;
+            Err(TrySendError::Disconnected(b)) => events::add_dropped(b.events),
         }
-        self.buf.clear();
-        self.buffered_events = 0;
     }
 
     /// Moves every thread's published records into `batch`.
@@ -168,7 +197,7 @@ impl Writer {
     }
 
     pub fn summary(&mut self, summary: &Summary) {
-        if self.fd >= 0 && !self.failed {
+        if self.to_file() {
             self.line(summary);
         }
         self.flush();
@@ -177,10 +206,117 @@ impl Writer {
         }
     }
 
+    /// Lets the I/O thread write what is queued, close the file and finish.
     pub fn close(&mut self) {
-        if self.fd >= 0 {
-            unsafe { libc::close(self.fd) };
-            self.fd = -1;
+        if let Some(mut io) = self.io.take() {
+            drop(io.tx.take());
+            if let Some(t) = io.thread.take() {
+                let _ = t.join();
+            }
         }
     }
+}
+
+fn spawn_io(fd: i32, path: String) -> Io {
+    let (tx, rx) = crossbeam_channel::bounded::<Block>(QUEUED_BLOCKS);
+    let failed = Arc::new(AtomicBool::new(false));
+    let flag = failed.clone();
+    // Spawned from the writer thread, so it inherits its fully blocked signal mask.
+    let thread = std::thread::Builder::new().name("vramcap-io".into()).stack_size(128 * 1024).spawn(move || io_main(fd, &path, rx, &flag));
+    match thread {
+        Ok(t) => Io { tx: Some(tx), failed, thread: Some(t), overflowed: false },
+        Err(_) => {
+            // No thread: nothing will be written (counted as dropped, like a full disk).
+            unsafe { libc::close(fd) };
+            failed.store(true, Ordering::Relaxed);
+            Io { tx: None, failed, thread: None, overflowed: false }
+        }
+    }
+}
+
+/// The I/O thread: truncates the file, then writes blocks in order until the writer hangs up.
+fn io_main(fd: i32, path: &str, rx: Receiver<Block>, failed: &AtomicBool) {
+    let fd = fresh_file(fd, path);
+    for block in rx.iter() {
+        if failed.load(Ordering::Relaxed) {
+            events::add_dropped(block.events);
+            continue;
+        }
+        if let Err((written, err)) = write_all(fd, &block.bytes) {
+            // Full disk, quota, file-size limit, removed directory: stop, count, say so once.
+            // Only whole lines were handed to write(), so the file ends at most in one cut line.
+            failed.store(true, Ordering::Relaxed);
+            let written_lines = block.bytes[..written].iter().filter(|&&b| b == b'\n').count() as u64;
+            let total_lines = block.bytes.iter().filter(|&&b| b == b'\n').count() as u64;
+            events::add_dropped((total_lines - written_lines).min(block.events));
+            crate::log::write_line(&format!(
+                "vramcap: trace {path} stopped: {err}; further events are counted as dropped, the job continues"
+            ));
+        }
+    }
+    unsafe { libc::close(fd) };
+}
+
+/// Empties the trace file `fd` (opened on `path`, not truncated) and returns the descriptor to
+/// write to. Truncating a previous trace of a gigabyte takes the kernel a third of a second (its
+/// blocks are freed on the spot): long enough to fill the queue at a million events per second.
+/// So a non-empty regular file with one link is replaced instead: a new file is created beside it
+/// and renamed over it, and the old one (still open here, so nothing is freed yet) is closed by a
+/// short-lived thread of its own. A FIFO or a terminal is left as it is; anything else (a symlink,
+/// a directory we cannot create files in) is truncated in place.
+fn fresh_file(fd: i32, path: &str) -> i32 {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || (st.st_mode & libc::S_IFMT) != libc::S_IFREG || st.st_size == 0 {
+        return fd;
+    }
+    let link_is_file = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file());
+    if link_is_file && st.st_nlink == 1 {
+        let tmp = format!("{path}.vramcap-{}.tmp", unsafe { libc::getpid() });
+        if let Ok(c_tmp) = std::ffi::CString::new(tmp.as_str())
+            && let Ok(c_path) = std::ffi::CString::new(path)
+        {
+            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
+            let new = unsafe { libc::open(c_tmp.as_ptr(), flags, 0o644) };
+            if new >= 0 {
+                if unsafe { libc::rename(c_tmp.as_ptr(), c_path.as_ptr()) } == 0 {
+                    let old = fd;
+                    let closer = std::thread::Builder::new().name("vramcap-unlink".into()).stack_size(64 * 1024);
+                    // Freeing a large file's pages is CPU work: at the lowest priority it never
+                    // competes with the writer.
+                    let close_quietly = move || unsafe {
+                        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+                        libc::close(old);
+                    };
+                    if closer.spawn(close_quietly).is_err() {
+                        unsafe { libc::close(old) };
+                    }
+                    return new;
+                }
+                unsafe {
+                    libc::close(new);
+                    libc::unlink(c_tmp.as_ptr());
+                }
+            }
+        }
+    }
+    unsafe { libc::ftruncate(fd, 0) };
+    fd
+}
+
+/// Writes everything, retrying short writes and EINTR. On error: bytes written, and the error.
+fn write_all(fd: i32, bytes: &[u8]) -> Result<(), (usize, std::io::Error)> {
+    let mut off = 0;
+    while off < bytes.len() {
+        let n = unsafe { libc::write(fd, bytes[off..].as_ptr().cast(), bytes.len() - off) };
+        if n > 0 {
+            off += n as usize;
+            continue;
+        }
+        let err = std::io::Error::last_os_error();
+        if n < 0 && err.kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        return Err((off, err));
+    }
+    Ok(())
 }
