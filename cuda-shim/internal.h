@@ -23,9 +23,29 @@ enum fc_ep {
     FC_EP_COUNT
 };
 
-/* Per-entry-point call counters; relaxed atomics are enough for counting. */
-extern atomic_ullong fc_counters[FC_EP_COUNT];
-#define FC_COUNT(sym) atomic_fetch_add_explicit(&fc_counters[FC_EP_##sym], 1, memory_order_relaxed)
+/*
+ * Per-entry-point call counters, one block per thread: counting is a plain load and store, no
+ * locked instruction. A real driver counts nothing, and a shared atomic here would make every
+ * driver call vramcap adds (cuCtxGetCurrent per allocation) look dearer than it is in benchmarks.
+ * fakecuda_calls() sums the blocks (they are never freed, so threads that exited still count).
+ */
+struct fc_counter_block {
+    atomic_ullong n[FC_EP_COUNT];
+    struct fc_counter_block *next;
+};
+extern __thread struct fc_counter_block *fc_my_counters;
+struct fc_counter_block *fc_counter_block_new(void);
+static inline void fc_count(int ep)
+{
+    struct fc_counter_block *b = fc_my_counters;
+    if (!b)
+        b = fc_counter_block_new();
+    if (!b)
+        return;
+    atomic_store_explicit(&b->n[ep], atomic_load_explicit(&b->n[ep], memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+}
+#define FC_COUNT(sym) fc_count(FC_EP_##sym)
 
 /* Configuration, parsed once from the environment (see fc_config_load). */
 struct fc_config {
