@@ -3,10 +3,11 @@
  *   benchmt T N SIZE      -> benchmt threads=T pairs=P ns_per_pair_cpu=X ns_per_pair_wall=Y errors=E
  *                            (T threads each do N alloc_v2+free_v2 pairs; CPU time from getrusage,
  *                            so the figure is a per-pair cost even when threads outnumber cores)
- *   rate EPS SECS SIZE    -> rate pairs=P seconds=S achieved_eps=R ns_per_pair_busy=B errors=E
+ *   rate EPS SECS SIZE    -> rate pairs=P seconds=S achieved_eps=R ns_per_pair_busy=B ns_per_pair_busy_cpu=C errors=E
  *                            (alloc/free pairs paced to EPS events per second, 2 events per pair, in
  *                            slices of 1 ms worth; B = time inside the slices / pairs, i.e. the
- *                            per-pair cost at a rate the trace writer keeps up with)
+ *                            per-pair cost at a rate the trace writer keeps up with; C = the same
+ *                            in this thread's CPU time, which excludes time it was descheduled)
  *   fork                  -> fork child=PID status=N  (child: alloc 1 MiB, free it, exit(0))
  *   exitthread            -> another thread calls exit(0) while the main thread sleeps
  */
@@ -28,6 +29,13 @@ static double now_s(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static double thread_cpu_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
@@ -94,7 +102,7 @@ static void op_rate(unsigned long long eps, unsigned long long secs, unsigned lo
 {
     double start = now_s(), per_pair = 2.0 / (double)eps;
     unsigned long long pairs = 0, errors = 0, total = eps / 2 * secs;
-    double busy = 0;
+    double busy = 0, busy_cpu = 0;
 
     while (pairs < total) {
         /* Pace in slices of 1 ms worth of pairs. */
@@ -104,7 +112,7 @@ static void op_rate(unsigned long long eps, unsigned long long secs, unsigned lo
             struct timespec ts = { 0, (long)((due - t) * 1e9) };
             nanosleep(&ts, NULL);
         }
-        double s0 = now_s();
+        double s0 = now_s(), c0 = thread_cpu_s();
         for (unsigned long long k = 0; k < eps / 2000 + 1 && pairs < total; k++, pairs++) {
             CUdeviceptr d = 0;
             if (A->cuMemAlloc_v2(&d, (size_t)size) != CUDA_SUCCESS) {
@@ -115,10 +123,13 @@ static void op_rate(unsigned long long eps, unsigned long long secs, unsigned lo
                 errors++;
         }
         busy += now_s() - s0;
+        busy_cpu += thread_cpu_s() - c0;
     }
     double el = now_s() - start;
-    client_printf("rate pairs=%llu seconds=%.2f achieved_eps=%.0f ns_per_pair_busy=%.1f errors=%llu", pairs, el,
-                  2.0 * (double)pairs / el, busy * 1e9 / (double)(pairs ? pairs : 1), errors);
+    client_printf("rate pairs=%llu seconds=%.2f achieved_eps=%.0f ns_per_pair_busy=%.1f ns_per_pair_busy_cpu=%.1f "
+                  "errors=%llu",
+                  pairs, el, 2.0 * (double)pairs / el, busy * 1e9 / (double)(pairs ? pairs : 1),
+                  busy_cpu * 1e9 / (double)(pairs ? pairs : 1), errors);
 }
 
 static void op_fork(void)
