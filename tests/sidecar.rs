@@ -470,3 +470,100 @@ fn the_sidecar_reclaims_a_killed_group_member_and_labels_the_group() {
     assert_eq!(out.nth("alloc", 0).rc(), 0);
     assert!(sc.stderr.lock().unwrap().contains("reclaimed 805306368 bytes from 1 dead member"));
 }
+
+/// A process that forks: the child (which allocates, frees and exits) reports on a connection of
+/// its own, with its own header, and never writes on the parent's inherited socket; the parent's
+/// stream stays whole.
+#[test]
+fn a_forked_child_reports_on_its_own_connection() {
+    let dir = tmpdir("fork");
+    let traces = dir.join("traces");
+    let sc = Sidecar::start(&dir.join("s.sock"), &["--trace-dir", traces.to_str().unwrap()]);
+    let parent = Client::spawn("client_linked", &sc.socket, &[("VRAMCAP_LIMIT", "1g")], "init ctx 0 alloc 64m fork alloc 2m sleep 60000");
+    let pp = parent.pid();
+    wait_until("the fork and the parent's second allocation", Duration::from_secs(20), || {
+        value(&sc.samples(), "vramcap_memory_used_bytes", &[("pid", &pp), ("device", "0")]) == Some(66 * MIB)
+    });
+    let child_pid: String = parent
+        .lines()
+        .iter()
+        .find_map(|l| l.strip_prefix("fork child=").map(|r| r.split_whitespace().next().unwrap().to_string()))
+        .expect("the client printed the child's pid");
+    assert!(parent.lines().iter().any(|l| l.starts_with("fork") && l.ends_with("status=0")), "{:?}", parent.lines());
+    let read = |pid: &str| -> Vec<serde_json::Value> {
+        let f = std::fs::read_dir(&traces).unwrap().map(|e| e.unwrap().path()).find(|p| p.to_string_lossy().contains(&format!("-{pid}")));
+        let f = f.unwrap_or_else(|| panic!("no record for pid {pid} in {}", traces.display()));
+        std::fs::read_to_string(f).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    wait_until("the child's summary", Duration::from_secs(20), || {
+        std::fs::read_dir(&traces).map(|d| d.count()).unwrap_or(0) == 2 && read(&child_pid).last().is_some_and(|l| l["type"] == "summary")
+    });
+    let child = read(&child_pid);
+    assert_eq!(child[0]["type"], "header");
+    assert_eq!(child[0]["pid"].as_u64().unwrap().to_string(), child_pid);
+    assert_eq!(child[0]["ppid"].as_u64().unwrap().to_string(), pp, "the child names its parent");
+    let ops: Vec<(&str, u64)> =
+        child.iter().filter(|l| l["type"] == "event").map(|l| (l["op"].as_str().unwrap(), l["size"].as_u64().unwrap())).collect();
+    assert_eq!(ops, [("alloc", MIB), ("free", MIB)], "only the child's own calls, from seq 0");
+    assert_eq!(child.iter().find(|l| l["type"] == "event").unwrap()["seq"], 0);
+    assert_eq!(child.last().unwrap()["used"]["0"], 64 * MIB, "the child inherited the parent's 64 MiB charge");
+
+    let mine = read(&pp);
+    let ops: Vec<(&str, u64)> =
+        mine.iter().filter(|l| l["type"] == "event").map(|l| (l["op"].as_str().unwrap(), l["size"].as_u64().unwrap())).collect();
+    assert_eq!(ops, [("alloc", 64 * MIB), ("alloc", 2 * MIB)], "the parent's stream has none of the child's events");
+    assert_eq!(mine.iter().filter(|l| l["type"] == "header").count(), 1, "the parent never reconnected");
+    let s = sc.samples();
+    assert_eq!(value(&s, "vramcap_bad_clients_total", &[]), Some(0));
+    assert_eq!(value(&s, "vramcap_clients", &[]), Some(1), "the child left");
+}
+
+/// `vramcap top` without `--once`: started before any sidecar it says so and retries; then it
+/// redraws every second, shows a new process and drops one that exits.
+#[test]
+fn top_live_retries_then_follows_processes() {
+    let dir = tmpdir("toplive");
+    let socket = dir.join("s.sock");
+    let mut top = Command::new(env!("CARGO_BIN_EXE_vramcap"))
+        .args(["top", "--socket"])
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let screens = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = screens.clone();
+    let mut stdout = top.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        let mut text = String::new();
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            text.push_str(&String::from_utf8_lossy(&buf[..n]));
+            // Each redraw starts with "cursor home".
+            let parts: Vec<&str> = text.split("\x1b[H").collect();
+            let mut s = sink.lock().unwrap();
+            *s = parts.iter().filter(|p| !p.is_empty()).map(|p| p.to_string()).collect();
+        }
+    });
+    let last = || screens.lock().unwrap().last().cloned().unwrap_or_default();
+    wait_until("top to say there is no sidecar yet", Duration::from_secs(10), || last().contains("retrying every second"));
+
+    let sc = Sidecar::start(&socket, &[]);
+    let c = Client::spawn("client_linked", &sc.socket, &[("VRAMCAP_LIMIT", "0=1g")], "init ctx 0 alloc 256m sleep 3000");
+    let pid = c.pid();
+    wait_until("top to show the client", Duration::from_secs(20), || {
+        last().lines().any(|l| l.trim_start().starts_with(&pid) && l.contains("256.0 MiB / 1.0 GiB"))
+    });
+    let shown = screens.lock().unwrap().len();
+    wait_until("the client to exit and leave the screen", Duration::from_secs(20), || {
+        last().contains("vramcap top: 0 process(es)")
+    });
+    assert!(screens.lock().unwrap().len() > shown, "it kept redrawing");
+    let _ = top.kill();
+    let _ = top.wait();
+    drop(c);
+}
