@@ -184,11 +184,16 @@ pub fn free(api: Hook, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) ->
     t.rc
 }
 
-/// Records one event (a no-op unless a trace or sidecar consumes events).
-#[inline]
+/// Records one event (a no-op unless a trace or sidecar consumes events). The check is inlined
+/// into every wrapper, so an untraced process pays one load, not a call.
+#[inline(always)]
 pub fn emit(op: Op, api: Hook, dev: i32, ptr: u64, size: u64, t: Timed, used: u64) {
     if events::enabled() {
-        let at = if t.at != 0 { t.at } else { clock::ticks() };
-        events::emit(Event { op, api, dev, ptr, size, result: t.rc, dur: t.dur, used }, at);
+        record(Event { op, api, dev, ptr, size, result: t.rc, dur: t.dur, used }, t.at);
     }
+}
+
+fn record(ev: Event, at: u64) {
+    let at = if at != 0 { at } else { clock::ticks() };
+    events::emit(ev, at);
 }
