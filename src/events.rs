@@ -138,7 +138,7 @@ impl ThreadBuf {
     }
 
     /// Producer side (only the owning thread). False when full.
-    #[inline]
+    #[inline(always)]
     fn push(&self, tid: u32, ev: Event, at: u64) -> bool {
         let h = self.head.0.load(Ordering::Relaxed);
         // Only the owning thread touches these.
@@ -218,7 +218,7 @@ pub fn set_enabled(on: bool) {
 
 /// Hands an event to the writer: never blocks, never allocates after the thread's first event.
 /// `at` is the tick at which the call returned.
-#[inline]
+#[inline(always)]
 pub fn emit(ev: Event, at: u64) {
     let Some(me) = me() else { return };
     unsafe { &*me.buf }.push(me.tid, ev, at);

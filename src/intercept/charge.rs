@@ -193,6 +193,7 @@ pub fn emit(op: Op, api: Hook, dev: i32, ptr: u64, size: u64, t: Timed, used: u6
     }
 }
 
+#[inline(always)]
 fn record(ev: Event, at: u64) {
     let at = if at != 0 { at } else { clock::ticks() };
     events::emit(ev, at);

@@ -38,6 +38,8 @@ struct Block {
 /// The I/O thread's end of the file.
 struct Io {
     tx: Option<Sender<Block>>,
+    /// Written blocks come back for reuse (no allocation and page faults per block).
+    spare: Receiver<Vec<u8>>,
     /// Set by the I/O thread after a write error: stop formatting for the file.
     failed: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -123,7 +125,8 @@ impl Writer {
         if self.buf.is_empty() {
             return;
         }
-        let bytes = std::mem::replace(&mut self.buf, Vec::with_capacity(BLOCK + 4096));
+        let fresh = self.io.as_ref().and_then(|io| io.spare.try_recv().ok()).unwrap_or_else(|| Vec::with_capacity(BLOCK + 4096));
+        let bytes = std::mem::replace(&mut self.buf, fresh);
         let Some(io) = self.io.as_mut().filter(|io| !io.failed.load(Ordering::Relaxed)) else {
             events::add_dropped(events);
             return;
@@ -176,6 +179,11 @@ impl Writer {
             events::number(&mut batch);
             for r in &batch {
                 self.event(r);
+                // Blocks stay near BLOCK bytes even when a drain brings 100 000 events: the
+                // queue's memory bound (QUEUED_BLOCKS × BLOCK) holds only if they do.
+                if self.buf.len() >= BLOCK {
+                    self.flush();
+                }
             }
             batch.clear();
             self.poll_sidecar();
@@ -219,25 +227,29 @@ impl Writer {
 
 fn spawn_io(fd: i32, path: String) -> Io {
     let (tx, rx) = crossbeam_channel::bounded::<Block>(QUEUED_BLOCKS);
+    let (back, spare) = crossbeam_channel::bounded::<Vec<u8>>(4);
     let failed = Arc::new(AtomicBool::new(false));
     let flag = failed.clone();
     // Spawned from the writer thread, so it inherits its fully blocked signal mask.
-    let thread = std::thread::Builder::new().name("vramcap-io".into()).stack_size(128 * 1024).spawn(move || io_main(fd, &path, rx, &flag));
+    let thread = std::thread::Builder::new()
+        .name("vramcap-io".into())
+        .stack_size(128 * 1024)
+        .spawn(move || io_main(fd, &path, rx, &back, &flag));
     match thread {
-        Ok(t) => Io { tx: Some(tx), failed, thread: Some(t), overflowed: false },
+        Ok(t) => Io { tx: Some(tx), spare, failed, thread: Some(t), overflowed: false },
         Err(_) => {
             // No thread: nothing will be written (counted as dropped, like a full disk).
             unsafe { libc::close(fd) };
             failed.store(true, Ordering::Relaxed);
-            Io { tx: None, failed, thread: None, overflowed: false }
+            Io { tx: None, spare, failed, thread: None, overflowed: false }
         }
     }
 }
 
 /// The I/O thread: truncates the file, then writes blocks in order until the writer hangs up.
-fn io_main(fd: i32, path: &str, rx: Receiver<Block>, failed: &AtomicBool) {
+fn io_main(fd: i32, path: &str, rx: Receiver<Block>, back: &Sender<Vec<u8>>, failed: &AtomicBool) {
     let fd = fresh_file(fd, path);
-    for block in rx.iter() {
+    for mut block in rx.iter() {
         if failed.load(Ordering::Relaxed) {
             events::add_dropped(block.events);
             continue;
@@ -252,6 +264,11 @@ fn io_main(fd: i32, path: &str, rx: Receiver<Block>, failed: &AtomicBool) {
             crate::log::write_line(&format!(
                 "vramcap: trace {path} stopped: {err}; further events are counted as dropped, the job continues"
             ));
+        }
+        // Only blocks of the usual size are worth keeping.
+        if block.bytes.capacity() <= 2 * BLOCK {
+            block.bytes.clear();
+            let _ = back.try_send(block.bytes);
         }
     }
     unsafe { libc::close(fd) };
