@@ -381,24 +381,40 @@ fn a_stalled_reader_drops_events_and_seq_gaps_mark_them() {
     }
 }
 
-/// Rerunning with the same path replaces the previous trace: a large old file is swapped for a
-/// new one (so freeing it never stalls the writer) and no temporary file is left behind; a
-/// symlink is written through, not replaced.
+/// Rerunning with the same path starts the trace afresh: a large old file (here a sparse
+/// 100 MiB one) is swapped for a new one with the same mode (so freeing it never stalls the
+/// writer), no temporary file is left behind; a small one is truncated in place; a symlink is
+/// written through, not replaced.
 #[test]
 fn a_previous_trace_is_replaced_and_a_symlink_written_through() {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let dir = tmpdir("rerun");
-    let path = dir.join("t.jsonl");
-    std::fs::write(&path, "old line that is not json\n".repeat(100_000)).unwrap();
-    let old_inode = std::fs::metadata(&path).unwrap().ino();
     let run = |p: &Path| Run::client("client_procaddr").env("VRAMCAP_LIMIT", "1g").env("VRAMCAP_TRACE", p).args(["init ctx 0 alloc 1m free 0"]).run();
-    run(&path).ok();
-    let t = read_trace(&path);
-    assert_eq!(t[0]["type"], "header");
-    assert_eq!(events(&t).len(), 2);
-    assert_ne!(std::fs::metadata(&path).unwrap().ino(), old_inode, "a large old trace is replaced, not truncated");
-    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(names, vec![std::ffi::OsString::from("t.jsonl")], "no temporary file left");
+    let check = |p: &Path| {
+        let t = read_trace(p);
+        assert_eq!(t[0]["type"], "header", "old content gone");
+        assert_eq!(events(&t).len(), 2);
+        assert_eq!(t.last().unwrap()["type"], "summary");
+    };
+
+    let big = dir.join("big.jsonl");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len(100 << 20).unwrap();
+    drop(f);
+    std::fs::set_permissions(&big, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let old_inode = std::fs::metadata(&big).unwrap().ino();
+    run(&big).ok();
+    check(&big);
+    let m = std::fs::metadata(&big).unwrap();
+    assert_ne!(m.ino(), old_inode, "a large old trace is replaced, not truncated");
+    assert_eq!(m.mode() & 0o777, 0o640, "with the old file's mode");
+
+    let small = dir.join("small.jsonl");
+    std::fs::write(&small, "old line that is not json\n".repeat(1000)).unwrap();
+    let old_inode = std::fs::metadata(&small).unwrap().ino();
+    run(&small).ok();
+    check(&small);
+    assert_eq!(std::fs::metadata(&small).unwrap().ino(), old_inode, "a small one is truncated in place");
 
     let target = dir.join("target.jsonl");
     std::fs::write(&target, "old\n".repeat(1000)).unwrap();
@@ -406,7 +422,9 @@ fn a_previous_trace_is_replaced_and_a_symlink_written_through() {
     std::os::unix::fs::symlink(&target, &link).unwrap();
     run(&link).ok();
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays a link");
-    let t = read_trace(&target);
-    assert_eq!(t[0]["type"], "header", "written through the link, old content gone");
-    assert_eq!(t.last().unwrap()["type"], "summary");
+    check(&target);
+
+    let mut names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["big.jsonl", "link.jsonl", "small.jsonl", "target.jsonl"], "no temporary file left");
 }

@@ -28,6 +28,8 @@ const FLUSH_EVERY: Duration = Duration::from_millis(500);
 const MAX_IDLE_SLEEP: Duration = Duration::from_millis(4);
 /// Blocks (of about [`BLOCK`] bytes) waiting for the disk: 16 MiB, ~150 000 events.
 pub const QUEUED_BLOCKS: usize = 64;
+/// At exit, how long the last blocks may wait for the disk (the `atexit` handler waits 5 s in all).
+const EXIT_WAIT: Duration = Duration::from_secs(3);
 
 /// Formatted lines on their way to the file, and how many events they hold.
 struct Block {
@@ -53,6 +55,8 @@ pub struct Writer {
     buf: Vec<u8>,
     /// Events in `buf` not yet handed to the I/O thread.
     buffered_events: u64,
+    /// Set when the process exits: until then blocks wait for room in the queue.
+    exiting: Option<Instant>,
     origin_mono_ns: u64,
     last_flush: Instant,
     calibration: Calibration,
@@ -70,6 +74,7 @@ impl Writer {
             path,
             buf: Vec::with_capacity(BLOCK + 4096),
             buffered_events: 0,
+            exiting: None,
             origin_mono_ns,
             last_flush: Instant::now(),
             calibration: Calibration::new(),
@@ -117,7 +122,9 @@ impl Writer {
         }
     }
 
-    /// Hands what is buffered to the I/O thread (never waits for it).
+    /// Hands what is buffered to the I/O thread. While the process runs this never waits: a full
+    /// queue drops the block. At exit (`exiting` set) it waits for room until a deadline, so the
+    /// last events and the summary are not lost to a disk that is merely slow.
     pub fn flush(&mut self) {
         self.last_flush = Instant::now();
         self.calibration.refresh();
@@ -132,7 +139,15 @@ impl Writer {
             return;
         };
         let Some(tx) = io.tx.as_ref() else { return };
-        match tx.try_send(Block { bytes, events }) {
+        let block = Block { bytes, events };
+        let sent = match self.exiting {
+            Some(deadline) => tx.send_deadline(block, deadline).map_err(|e| match e {
+                crossbeam_channel::SendTimeoutError::Timeout(b) => TrySendError::Full(b),
+                crossbeam_channel::SendTimeoutError::Disconnected(b) => TrySendError::Disconnected(b),
+            }),
+            None => tx.try_send(block),
+        };
+        match sent {
             Ok(()) => {}
             Err(TrySendError::Full(b)) => {
                 events::add_dropped(b.events);
@@ -162,6 +177,9 @@ impl Writer {
         let mut sleep = Duration::from_micros(200);
         loop {
             let stopping = stop();
+            if stopping && self.exiting.is_none() {
+                self.exiting = Some(Instant::now() + EXIT_WAIT);
+            }
             self.collect(&mut batch);
             self.poll_sidecar();
             if batch.is_empty() {
@@ -205,6 +223,7 @@ impl Writer {
     }
 
     pub fn summary(&mut self, summary: &Summary) {
+        self.exiting.get_or_insert(Instant::now() + EXIT_WAIT);
         if self.to_file() {
             self.line(summary);
         }
@@ -274,27 +293,32 @@ fn io_main(fd: i32, path: &str, rx: Receiver<Block>, back: &Sender<Vec<u8>>, fai
     unsafe { libc::close(fd) };
 }
 
+/// Previous traces at least this large are replaced rather than truncated (see [`fresh_file`]).
+const REPLACE_FROM_BYTES: i64 = 64 << 20;
+
 /// Empties the trace file `fd` (opened on `path`, not truncated) and returns the descriptor to
 /// write to. Truncating a previous trace of a gigabyte takes the kernel a third of a second (its
 /// blocks are freed on the spot): long enough to fill the queue at a million events per second.
-/// So a non-empty regular file with one link is replaced instead: a new file is created beside it
-/// and renamed over it, and the old one (still open here, so nothing is freed yet) is closed by a
-/// short-lived thread of its own. A FIFO or a terminal is left as it is; anything else (a symlink,
-/// a directory we cannot create files in) is truncated in place.
+/// So a large regular file with one link is replaced instead: a new file with the same mode is
+/// created beside it and renamed over it, and the old one (still open here, so nothing is freed
+/// yet) is closed by a short-lived thread of its own. A smaller one is truncated in place, which
+/// also keeps its owner and mode; so is anything we cannot replace (a symlink, a directory we may
+/// not create files in). A FIFO or a terminal is left as it is.
 fn fresh_file(fd: i32, path: &str) -> i32 {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     if unsafe { libc::fstat(fd, &mut st) } != 0 || (st.st_mode & libc::S_IFMT) != libc::S_IFREG || st.st_size == 0 {
         return fd;
     }
     let link_is_file = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file());
-    if link_is_file && st.st_nlink == 1 {
+    if link_is_file && st.st_nlink == 1 && st.st_size >= REPLACE_FROM_BYTES {
         let tmp = format!("{path}.vramcap-{}.tmp", unsafe { libc::getpid() });
         if let Ok(c_tmp) = std::ffi::CString::new(tmp.as_str())
             && let Ok(c_path) = std::ffi::CString::new(path)
         {
             let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
-            let new = unsafe { libc::open(c_tmp.as_ptr(), flags, 0o644) };
+            let new = unsafe { libc::open(c_tmp.as_ptr(), flags, 0o600) };
             if new >= 0 {
+                unsafe { libc::fchmod(new, st.st_mode & 0o7777) };
                 if unsafe { libc::rename(c_tmp.as_ptr(), c_path.as_ptr()) } == 0 {
                     let old = fd;
                     let closer = std::thread::Builder::new().name("vramcap-unlink".into()).stack_size(64 * 1024);
