@@ -232,9 +232,16 @@ fn ring_dropped() -> u64 {
 /// Writer only: puts a drained block in time order (a thread's own events keep their order) and
 /// numbers it, leaving a gap wherever a thread dropped events.
 pub fn number(batch: &mut [Record]) {
+    let (next, gaps) = number_from(batch, NEXT_SEQ.load(Ordering::Relaxed));
+    NEXT_SEQ.store(next, Ordering::Relaxed);
+    GAPS.fetch_add(gaps, Ordering::Relaxed);
+}
+
+/// [`number`] without the globals: numbers `batch` from `next`; returns the next free number and
+/// how many numbers were left out for drops.
+fn number_from(batch: &mut [Record], mut next: u64) -> (u64, u64) {
     // Stable, and each thread's run is already sorted: this is a merge, not a full sort.
     batch.sort_by_key(|r| r.at);
-    let mut next = NEXT_SEQ.load(Ordering::Relaxed);
     let mut gaps = 0u64;
     for r in batch.iter_mut() {
         next += r.lost_before as u64;
@@ -242,8 +249,7 @@ pub fn number(batch: &mut [Record]) {
         r.seq = next;
         next += 1;
     }
-    NEXT_SEQ.store(next, Ordering::Relaxed);
-    GAPS.fetch_add(gaps, Ordering::Relaxed);
+    (next, gaps)
 }
 
 /// Events handed out so far (written or dropped): what the writer numbered, plus ring drops it
@@ -340,4 +346,33 @@ pub fn after_fork_child() {
     NEXT_SEQ.store(0, Ordering::Relaxed);
     GAPS.store(0, Ordering::Relaxed);
     DROPPED.store(0, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(tid: u32, at: u64, lost_before: u32) -> Record {
+        let ev = Event { op: Op::Alloc, api: Hook::cuMemAlloc_v2, dev: 0, ptr: 0, size: 0, result: 0, dur: 0, used: 0 };
+        Record { seq: u64::MAX, at, tid, lost_before, ev }
+    }
+
+    #[test]
+    fn a_block_is_merged_by_time_and_drops_leave_gaps() {
+        // Two threads' runs, drained one after the other; equal times keep the drained order.
+        let mut b = vec![rec(1, 10, 0), rec(1, 30, 2), rec(1, 50, 0), rec(2, 20, 0), rec(2, 30, 0), rec(2, 60, 1)];
+        let (next, gaps) = number_from(&mut b, 100);
+        let got: Vec<(u32, u64, u64)> = b.iter().map(|r| (r.tid, r.at, r.seq)).collect();
+        assert_eq!(got, [(1, 10, 100), (2, 20, 101), (1, 30, 104), (2, 30, 105), (1, 50, 106), (2, 60, 108)]);
+        assert_eq!((next, gaps), (109, 3));
+        // The numbers left out are exactly the drops.
+        let used: std::collections::BTreeSet<u64> = b.iter().map(|r| r.seq).collect();
+        assert_eq!((100..next).filter(|n| !used.contains(n)).count() as u64, gaps);
+    }
+
+    #[test]
+    fn a_record_is_one_cache_line() {
+        assert_eq!(std::mem::size_of::<Pushed>(), 64);
+        assert_eq!(std::mem::align_of::<Pushed>(), 64);
+    }
 }
