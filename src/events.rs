@@ -371,8 +371,25 @@ mod tests {
     }
 
     #[test]
-    fn a_record_is_one_cache_line() {
-        assert_eq!(std::mem::size_of::<Pushed>(), 64);
-        assert_eq!(std::mem::align_of::<Pushed>(), 64);
+    fn a_full_ring_counts_its_drops_and_the_next_record_carries_them() {
+        let b = ThreadBuf::new();
+        let ev = rec(0, 0, 0).ev;
+        for i in 0..THREAD_CAPACITY as u64 {
+            assert!(b.push(7, ev, i));
+        }
+        for _ in 0..3 {
+            assert!(!b.push(7, ev, 0), "full: dropped, never waited for");
+        }
+        assert_eq!(b.dropped.load(Ordering::Relaxed), 3);
+        let mut out = Vec::new();
+        b.drain(&mut out);
+        assert_eq!(out.len(), THREAD_CAPACITY);
+        assert!(out.iter().enumerate().all(|(i, r)| r.at == i as u64 && r.lost_before == 0 && r.tid == 7));
+        out.clear();
+        // Room again: the first record after the drops says how many came before it, once.
+        assert!(b.push(7, ev, 1000) && b.push(7, ev, 1001));
+        b.drain(&mut out);
+        let lost: Vec<u32> = out.iter().map(|r| r.lost_before).collect();
+        assert_eq!(lost, [3, 0]);
     }
 }

@@ -9,17 +9,26 @@ pub fn write_line(line: &str) {
     let mut buf = Vec::with_capacity(line.len() + 1);
     buf.extend_from_slice(line.as_bytes());
     buf.push(b'\n');
+    let _ = write_all(2, &buf);
+}
+
+/// Writes everything, retrying short writes and EINTR (stderr here, the trace file in
+/// `trace::writer`). On error: how many bytes were written, and the error.
+pub fn write_all(fd: i32, bytes: &[u8]) -> Result<(), (usize, std::io::Error)> {
     let mut off = 0;
-    while off < buf.len() {
-        let n = unsafe { libc::write(2, buf[off..].as_ptr().cast(), buf.len() - off) };
-        if n <= 0 {
-            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
+    while off < bytes.len() {
+        let n = unsafe { libc::write(fd, bytes[off..].as_ptr().cast(), bytes.len() - off) };
+        if n > 0 {
+            off += n as usize;
+            continue;
         }
-        off += n as usize;
+        let err = std::io::Error::last_os_error();
+        if n < 0 && err.kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        return Err((off, err));
     }
+    Ok(())
 }
 
 pub fn enabled(level: Level) -> bool {

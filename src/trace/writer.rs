@@ -273,7 +273,7 @@ fn io_main(fd: i32, path: &str, rx: Receiver<Block>, back: &Sender<Vec<u8>>, fai
             events::add_dropped(block.events);
             continue;
         }
-        if let Err((written, err)) = write_all(fd, &block.bytes) {
+        if let Err((written, err)) = crate::log::write_all(fd, &block.bytes) {
             // Full disk, quota, file-size limit, removed directory: stop, count, say so once.
             // Only whole lines were handed to write(), so the file ends at most in one cut line.
             failed.store(true, Ordering::Relaxed);
@@ -342,22 +342,4 @@ fn fresh_file(fd: i32, path: &str) -> i32 {
     }
     unsafe { libc::ftruncate(fd, 0) };
     fd
-}
-
-/// Writes everything, retrying short writes and EINTR. On error: bytes written, and the error.
-fn write_all(fd: i32, bytes: &[u8]) -> Result<(), (usize, std::io::Error)> {
-    let mut off = 0;
-    while off < bytes.len() {
-        let n = unsafe { libc::write(fd, bytes[off..].as_ptr().cast(), bytes.len() - off) };
-        if n > 0 {
-            off += n as usize;
-            continue;
-        }
-        let err = std::io::Error::last_os_error();
-        if n < 0 && err.kind() == std::io::ErrorKind::Interrupted {
-            continue;
-        }
-        return Err((off, err));
-    }
-    Ok(())
 }
