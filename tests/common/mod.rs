@@ -58,7 +58,7 @@ pub fn build_c() {
 }
 
 pub fn lookups(name: &str) -> PathBuf {
-    let p = root().join("../shared/data/lookups").join(name);
+    let p = root().join("tests/data/lookups").join(name);
     assert!(p.exists(), "{} missing", p.display());
     p
 }
