@@ -68,6 +68,7 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
     c->dev = dev;
+    c->usage = 1;               /* documented: a new context has a usage count of one */
     pthread_mutex_lock(&g_ctx_lock);
     c->next = g_user_ctxs;
     g_user_ctxs = c;
@@ -89,21 +90,46 @@ FC_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev
     return ctx_create(pctx, flags, dev);
 }
 
-static CUresult ctx_destroy(CUcontext ctx)
+/* Execution affinity (MPS) is accepted and ignored: work here is synchronous anyway. */
+FC_API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                               unsigned int flags, CUdevice dev)
+{
+    FC_COUNT(cuCtxCreate_v3);
+    if (numParams < 0 || (numParams > 0 && !paramsArray))
+        return fc_initialized() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    return ctx_create(pctx, flags, dev);
+}
+
+/* NULL parameters make a regular context; both affinity and CIG parameters at once are invalid. */
+FC_API CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev)
+{
+    FC_COUNT(cuCtxCreate_v4);
+    if (params && params->execAffinityParams && params->cigParams)
+        return fc_initialized() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    return ctx_create(pctx, flags, dev);
+}
+
+/* The end of a user context: flagged (other threads still holding it see it destroyed), dropped
+ * from the calling thread's stack, and its memory freed as cuCtxDestroy's documentation says. */
+static void ctx_end(CUcontext ctx)
 {
     int j = 0;
 
-    if (!fc_initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!ctx_valid(ctx) || ctx->primary)
-        return CUDA_ERROR_INVALID_CONTEXT;
     atomic_store(&ctx->destroyed, 1);
-    /* Drop it from the calling thread's stack; other threads see it as
-     * destroyed through the flag. */
     for (int i = 0; i < tls_depth; i++)
         if (tls_stack[i] != ctx)
             tls_stack[j++] = tls_stack[i];
     tls_depth = j;
+    fc_ctx_free_memory(ctx);
+}
+
+static CUresult ctx_destroy(CUcontext ctx)
+{
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ctx_valid(ctx) || ctx->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    ctx_end(ctx);
     return CUDA_SUCCESS;
 }
 
@@ -117,6 +143,50 @@ FC_API CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     FC_COUNT(cuCtxDestroy_v2);
     return ctx_destroy(ctx);
+}
+
+/* Deprecated usage counts: cuCtxAttach raises the current context's, cuCtxDetach lowers it and
+ * destroys the context (as cuCtxDestroy) when it reaches zero. Detach takes a context current to
+ * the calling thread and pops it (PyCUDA relies on that: it pushes, then detaches). A primary
+ * context's lifetime is its retain count: detach never destroys one. */
+FC_API CUresult cuCtxAttach(CUcontext *pctx, unsigned int flags)
+{
+    struct fc_ctx *c;
+
+    FC_COUNT(cuCtxAttach);
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!(c = fc_current_ctx()))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&g_ctx_lock);
+    c->usage++;
+    pthread_mutex_unlock(&g_ctx_lock);
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxDetach(CUcontext ctx)
+{
+    int end;
+
+    FC_COUNT(cuCtxDetach);
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ctx_valid(ctx) || fc_current_ctx() != ctx)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&g_ctx_lock);
+    if (ctx->usage <= 0) {
+        pthread_mutex_unlock(&g_ctx_lock);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    end = --ctx->usage == 0 && !ctx->primary;
+    pthread_mutex_unlock(&g_ctx_lock);
+    tls_depth--;                /* it is the current one: popped */
+    if (end)
+        ctx_end(ctx);
+    return CUDA_SUCCESS;
 }
 
 FC_API CUresult cuCtxGetCurrent(CUcontext *pctx)
@@ -256,9 +326,12 @@ FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+/* Documented: the context is reset once the last reference is released (its memory freed);
+ * releasing one that is not retained fails with CUDA_ERROR_INVALID_CONTEXT. */
 static CUresult primary_release(CUdevice dev)
 {
     CUresult rc = CUDA_SUCCESS;
+    int last = 0;
 
     if (!fc_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -266,9 +339,11 @@ static CUresult primary_release(CUdevice dev)
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_ctx_lock);
     if (g_primary_refs[dev] > 0)
-        g_primary_refs[dev]--;
+        last = --g_primary_refs[dev] == 0;
     else
         rc = CUDA_ERROR_INVALID_CONTEXT;
+    if (last)                   /* under the lock: a racing retain gets a context already reset */
+        fc_ctx_free_memory(&g_primary[dev]);
     pthread_mutex_unlock(&g_ctx_lock);
     return rc;
 }
@@ -285,8 +360,9 @@ FC_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     return primary_release(dev);
 }
 
-/* Reset only forgets the flags: device memory is owned by the device here,
- * so outstanding allocations stay accounted (tests can observe leaks). */
+/* Reset destroys the primary context's allocations and state but keeps its retain count
+ * (documented: "Resetting the primary context does not release it"). VMM handles and
+ * stream-ordered memory are the device's: they stay. */
 static CUresult primary_reset(CUdevice dev)
 {
     if (!fc_initialized())
@@ -295,6 +371,9 @@ static CUresult primary_reset(CUdevice dev)
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_ctx_lock);
     g_primary_flags[dev] = 0;
+    g_primary[dev].dev = dev;
+    g_primary[dev].primary = 1;
+    fc_ctx_free_memory(&g_primary[dev]);
     pthread_mutex_unlock(&g_ctx_lock);
     return CUDA_SUCCESS;
 }

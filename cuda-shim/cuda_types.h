@@ -77,6 +77,14 @@ typedef struct {
 #define CU_AD_FORMAT_UNSIGNED_INT32 0x03
 #define CU_AD_FORMAT_FLOAT          0x20
 typedef struct { char reserved[64]; } CUipcMemHandle;
+/* cuCtxCreate_v3 (execution affinity) and cuCtxCreate_v4 (creation parameters). */
+typedef struct { int type; union { struct { unsigned int val; } smCount; } param; } CUexecAffinityParam;
+typedef struct { unsigned int sharedDataType; void *sharedData; } CUctxCigParam;
+typedef struct {
+    CUexecAffinityParam *execAffinityParams;
+    int numExecAffinityParams;
+    CUctxCigParam *cigParams;
+} CUctxCreateParams;
 
 /* Result codes used by the fake (values are the documented ones). */
 #define CUDA_SUCCESS                    0
@@ -117,6 +125,11 @@ CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev);
 
 CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
+                        CUdevice dev);
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev);
+CUresult cuCtxAttach(CUcontext *pctx, unsigned int flags);
+CUresult cuCtxDetach(CUcontext ctx);
 CUresult cuCtxDestroy(CUcontext ctx);
 CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuCtxGetCurrent(CUcontext *pctx);
@@ -177,6 +190,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags);
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
 CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, int type);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);

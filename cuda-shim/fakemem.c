@@ -13,7 +13,11 @@
  *  - Per class there is a free list threaded through the freed blocks
  *    themselves, and a bump pointer into the class's current slab.
  *  - Each slab keeps the requested size of every block (0 = free), which is
- *    what frees subtract from bytes_held and what detects bad/double frees.
+ *    what frees subtract from bytes_held and what detects bad/double frees,
+ *    and the context that allocated it: destroying a context (cuCtxDestroy,
+ *    the last cuDevicePrimaryCtxRelease, a primary reset) frees its blocks,
+ *    as the documentation of cuCtxDestroy states for cuMemAlloc, pitched and
+ *    managed memory (fc_ctx_free_memory).
  *  - Blocks over 1 MiB get their own mapping, recorded in a small hash table.
  *  - The legacy v1 API (32-bit CUdeviceptr) uses a second arena whose
  *    mappings are made with MAP_32BIT, so its pointers fit in 32 bits.
@@ -42,6 +46,7 @@ enum { ARENA_NORMAL, ARENA_LOW32, NARENA };
 struct slab {
     int cls;                    /* -1 = not yet carved */
     uint32_t *sizes;            /* requested size per block, 0 = free */
+    struct fc_ctx **owners;     /* context that allocated each live block */
 };
 
 struct chunk {
@@ -149,6 +154,7 @@ struct large {
     size_t maplen;
     unsigned long long req;
     int dev;
+    struct fc_ctx *ctx;         /* the context that allocated it */
     struct large *next;
 };
 
@@ -232,6 +238,7 @@ static struct chunk *chunk_new(int dev, int arena)
     for (int i = 0; i < SLABS_PER_CHUNK; i++) {
         c->slabs[i].cls = -1;
         c->slabs[i].sizes = NULL;
+        c->slabs[i].owners = NULL;
     }
     if (!chunk_publish(c)) {
         munmap((void *)base, CHUNK_SIZE);
@@ -250,7 +257,7 @@ static int size_class(size_t size)
 
 /* Hand out one block of class `cls`; caller holds the device lock. */
 static uintptr_t small_get(struct device *d, int devno, int arena, int cls,
-                           size_t req)
+                           size_t req, struct fc_ctx *owner)
 {
     struct arena *a = &d->arenas[arena];
     struct chunk *c;
@@ -271,8 +278,14 @@ static uintptr_t small_get(struct device *d, int devno, int arena, int cls,
             }
             s = &c->slabs[c->slabs_used];
             s->sizes = calloc(SLAB_SIZE >> (MIN_SHIFT + cls), sizeof(uint32_t));
-            if (!s->sizes)
+            s->owners = calloc(SLAB_SIZE >> (MIN_SHIFT + cls), sizeof(struct fc_ctx *));
+            if (!s->sizes || !s->owners) {
+                free(s->sizes);
+                free(s->owners);
+                s->sizes = NULL;
+                s->owners = NULL;
                 return 0;
+            }
             s->cls = cls;
             a->bump[cls] = c->base + ((uintptr_t)c->slabs_used << SLAB_SHIFT);
             a->bump_end[cls] = a->bump[cls] + SLAB_SIZE;
@@ -284,6 +297,7 @@ static uintptr_t small_get(struct device *d, int devno, int arena, int cls,
     c = chunk_find(p);
     s = &c->slabs[(p - c->base) >> SLAB_SHIFT];
     s->sizes[(p & (SLAB_SIZE - 1)) >> (MIN_SHIFT + cls)] = (uint32_t)req;
+    s->owners[(p & (SLAB_SIZE - 1)) >> (MIN_SHIFT + cls)] = owner;
     return p;
 }
 
@@ -331,7 +345,7 @@ static CUresult mem_alloc(uintptr_t *out, size_t size, int arena)
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (size <= SMALL_MAX) {
-        p = small_get(d, dev, arena, size_class(size), size);
+        p = small_get(d, dev, arena, size_class(size), size, ctx);
         if (p)
             account(d, dev, (long long)size, 1);
         pthread_mutex_unlock(&d->lock);
@@ -349,6 +363,7 @@ static CUresult mem_alloc(uintptr_t *out, size_t size, int arena)
             l->maplen = len;
             l->req = size;
             l->dev = dev;
+            l->ctx = ctx;
             large_insert(l);
         } else {
             free(l);
@@ -412,6 +427,73 @@ static CUresult mem_free(uintptr_t p)
     /* Not ours: charge the attempt to the current context's device. */
     atomic_fetch_add_explicit(&fc_stats[ctx->dev].free_calls, 1, memory_order_relaxed);
     return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Frees every block context `c` allocated (the caller has destroyed or reset it). Walks the chunk
+ * table and the large-block table: context teardown is rare, allocation stays a store. */
+void fc_ctx_free_memory(struct fc_ctx *c)
+{
+    struct large *gone = NULL, **pp, *l;
+    int dev = c->dev;
+    struct device *d;
+
+    if (!valid_dev(dev))
+        return;
+    d = &g_dev[dev];
+    pthread_mutex_lock(&d->lock);
+    for (unsigned h = 0; h < CHUNK_TABLE_SIZE; h++) {
+        struct chunk *ch;
+
+        if (!atomic_load_explicit(&g_chunk_keys[h], memory_order_acquire))
+            continue;
+        ch = g_chunk_vals[h];
+        if (ch->dev != dev)
+            continue;
+        for (int i = 0; i < ch->slabs_used; i++) {
+            struct slab *s = &ch->slabs[i];
+            struct arena *a = &d->arenas[ch->arena];
+            size_t n;
+
+            if (s->cls < 0 || !s->sizes)
+                continue;
+            n = SLAB_SIZE >> (MIN_SHIFT + s->cls);
+            for (size_t b = 0; b < n; b++) {
+                uintptr_t p;
+
+                if (!s->sizes[b] || s->owners[b] != c)
+                    continue;
+                p = ch->base + ((uintptr_t)i << SLAB_SHIFT) + (b << (MIN_SHIFT + s->cls));
+                account(d, dev, -(long long)s->sizes[b], -1);
+                s->sizes[b] = 0;
+                s->owners[b] = NULL;
+                memcpy((void *)p, &a->free_head[s->cls], sizeof(void *));
+                a->free_head[s->cls] = (void *)p;
+            }
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+
+    pthread_mutex_lock(&g_large_lock);
+    for (unsigned h = 0; h < LARGE_BUCKETS; h++)
+        for (pp = &g_large[h]; (l = *pp);) {
+            if (l->ctx == c) {
+                *pp = l->next;
+                l->next = gone;
+                gone = l;
+            } else {
+                pp = &l->next;
+            }
+        }
+    pthread_mutex_unlock(&g_large_lock);
+    while ((l = gone)) {
+        gone = l->next;
+        munmap((void *)l->addr, l->maplen);
+        pthread_mutex_lock(&d->lock);
+        account(d, dev, -(long long)l->req, -1);
+        pthread_mutex_unlock(&d->lock);
+        free(l);
+    }
+    fc_arrays_ctx_gone(c);
 }
 
 /* Capacity charge for memory kept outside the arenas (pools, VMM, arrays):

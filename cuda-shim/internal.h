@@ -75,6 +75,7 @@ static inline int valid_dev(CUdevice dev)
 struct fc_ctx {
     int dev;
     int primary;
+    int usage;              /* cuCtxCreate = 1, +1 per cuCtxAttach, -1 per cuCtxDetach (g_ctx_lock) */
     atomic_int destroyed;
     struct fc_ctx *next;    /* registry of cuCtxCreate'd contexts (never freed) */
 };
@@ -92,6 +93,11 @@ void fc_mem_config_fail(long long nth, int code); /* from FAKECUDA_FAIL_ALLOC */
 CUresult fc_mem_inject(void);                      /* the armed failure, or 0 */
 int fc_mem_charge(int dev, long long delta);      /* 0 ok, -1 does not fit */
 CUresult fc_mem_alloc_cur(CUdeviceptr *dptr, size_t size); /* cuMemAlloc_v2 semantics */
+/* A context was destroyed (or a primary context reset / released for the last time): free what
+ * the documentation says goes with it (cuMemAlloc*, pitched, managed memory, arrays), not VMM
+ * handles or stream-ordered memory, which belong to the device. */
+void fc_ctx_free_memory(struct fc_ctx *c);
+void fc_arrays_ctx_gone(struct fc_ctx *c);     /* vmm.c: arrays made in c */
 /* Pools (pool.c): give back what exceeds each pool's release threshold (at synchronize). */
 void fc_pools_sync(int dev);
 int fc_stream_dev(CUstream s);              /* -1: bad stream or no context */

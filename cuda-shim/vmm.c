@@ -44,12 +44,44 @@ FC_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
 
 /* ---------------------------------------------------------------- VMM */
 
+/*
+ * Lifetimes as documented: a physical allocation lives until its handle is released (every
+ * reference: cuMemCreate gives one, cuMemRetainAllocationHandle one more each) AND every mapping
+ * of it is unmapped. A released handle is invalid for new calls even while its memory lives on;
+ * cuMemRetainAllocationHandle on a mapped address makes it valid again (same handle value).
+ * cuMemUnmap must cover whole mappings: a sub-range of one is refused.
+ */
 #define VMM_MAGIC 0x564d4d48U
 struct vmm {
     unsigned int magic;
     int fd, dev;
     size_t size;
+    int refs, maps;             /* g_vmm_lock */
 };
+
+struct vmm_map {
+    uintptr_t start, end;
+    struct vmm *v;
+};
+static pthread_mutex_t g_vmm_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct vmm_map *g_maps;
+static size_t g_nmaps, g_capmaps;
+
+/* A handle the caller may still use (lock held). */
+static struct vmm *vmm_live(CUmemGenericAllocationHandle handle)
+{
+    struct vmm *v = (struct vmm *)(uintptr_t)handle;
+    return v && v->magic == VMM_MAGIC && v->refs > 0 ? v : NULL;
+}
+
+static void vmm_free(struct vmm *v)
+{
+    v->magic = 0;
+    close(v->fd);
+    if (v->dev >= 0)
+        fc_mem_charge(v->dev, -(long long)v->size);
+    free(v);
+}
 
 FC_API CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                               int option)
@@ -100,27 +132,52 @@ FC_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     v->magic = VMM_MAGIC;
     v->dev = dev;
     v->size = size;
+    v->refs = 1;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
     return CUDA_SUCCESS;
 }
 
-/* Mappings hold the memfd's pages themselves, so releasing a mapped handle
- * is safe (as in the real driver, the memory lives until unmapped). */
+/* Drops one reference; the memory goes only when no reference and no mapping is left. */
 FC_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    struct vmm *v = (struct vmm *)(uintptr_t)handle;
+    struct vmm *v;
+    int gone;
 
     FC_COUNT(cuMemRelease);
     if (!fc_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!v || v->magic != VMM_MAGIC)
+    pthread_mutex_lock(&g_vmm_lock);
+    if (!(v = vmm_live(handle))) {
+        pthread_mutex_unlock(&g_vmm_lock);
         return CUDA_ERROR_INVALID_VALUE;
-    v->magic = 0;
-    close(v->fd);
-    if (v->dev >= 0)
-        fc_mem_charge(v->dev, -(long long)v->size);
-    free(v);
+    }
+    gone = --v->refs == 0 && v->maps == 0;
+    pthread_mutex_unlock(&g_vmm_lock);
+    if (gone)
+        vmm_free(v);
     return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    uintptr_t a = (uintptr_t)addr;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+
+    FC_COUNT(cuMemRetainAllocationHandle);
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_vmm_lock);
+    for (size_t i = 0; i < g_nmaps; i++)
+        if (a >= g_maps[i].start && a < g_maps[i].end) {
+            g_maps[i].v->refs++;
+            *handle = (CUmemGenericAllocationHandle)(uintptr_t)g_maps[i].v;
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&g_vmm_lock);
+    return rc;
 }
 
 FC_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
@@ -154,31 +211,82 @@ FC_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 FC_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                          unsigned long long flags)
 {
-    struct vmm *v = (struct vmm *)(uintptr_t)handle;
+    uintptr_t s = (uintptr_t)ptr, e = s + size;
+    CUresult rc = CUDA_SUCCESS;
+    struct vmm *v;
 
     FC_COUNT(cuMemMap);
     if (!fc_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!ptr || !v || v->magic != VMM_MAGIC || flags || size == 0 || offset + size > v->size)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->fd,
-             (off_t)offset) == MAP_FAILED)
-        return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_vmm_lock);
+    v = vmm_live(handle);
+    if (!ptr || !v || flags || size == 0 || offset + size > v->size || e < s)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; rc == CUDA_SUCCESS && i < g_nmaps; i++)
+        if (g_maps[i].start < e && s < g_maps[i].end)
+            rc = CUDA_ERROR_INVALID_VALUE;       /* already mapped */
+    if (rc == CUDA_SUCCESS && g_nmaps == g_capmaps) {
+        size_t cap = g_capmaps ? 2 * g_capmaps : 64;
+        struct vmm_map *m = realloc(g_maps, cap * sizeof *m);
+        if (m) {
+            g_maps = m;
+            g_capmaps = cap;
+        } else {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    if (rc == CUDA_SUCCESS &&
+        mmap((void *)s, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->fd, (off_t)offset) == MAP_FAILED)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) {
+        g_maps[g_nmaps++] = (struct vmm_map){ s, e, v };
+        v->maps++;
+    }
+    pthread_mutex_unlock(&g_vmm_lock);
+    return rc;
 }
 
 FC_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
+    uintptr_t s = (uintptr_t)ptr, e = s + size;
+    struct vmm *gone[64];
+    size_t ngone = 0, hit = 0, j = 0;
+    CUresult rc = CUDA_SUCCESS;
+
     FC_COUNT(cuMemUnmap);
     if (!fc_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!ptr || size == 0)
+    if (!ptr || size == 0 || e < s)
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_vmm_lock);
+    for (size_t i = 0; i < g_nmaps; i++)
+        if (g_maps[i].start < e && s < g_maps[i].end) {
+            hit++;
+            if (g_maps[i].start < s || g_maps[i].end > e)
+                rc = CUDA_ERROR_INVALID_VALUE;   /* a sub-range of a mapping */
+        }
+    if (hit == 0 || hit > 64)
+        rc = CUDA_ERROR_INVALID_VALUE;
     /* Back to reserved, inaccessible address space. */
-    if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
-             -1, 0) == MAP_FAILED)
-        return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS &&
+        mmap((void *)s, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) {
+        for (size_t i = 0; i < g_nmaps; i++) {
+            struct vmm_map m = g_maps[i];
+            if (m.start < e && s < m.end) {
+                if (--m.v->maps == 0 && m.v->refs == 0)
+                    gone[ngone++] = m.v;
+            } else {
+                g_maps[j++] = m;
+            }
+        }
+        g_nmaps = j;
+    }
+    pthread_mutex_unlock(&g_vmm_lock);
+    for (size_t i = 0; i < ngone; i++)
+        vmm_free(gone[i]);
+    return rc;
 }
 
 FC_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
@@ -207,7 +315,11 @@ struct fc_array {
     unsigned int magic;
     int dev;
     size_t bytes;
+    struct fc_ctx *ctx;         /* destroyed with this context */
+    struct fc_array *prev, *next;
 };
+static struct fc_array g_arrays = { .prev = &g_arrays, .next = &g_arrays };
+static pthread_mutex_t g_array_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static size_t format_bytes(int f)
 {
@@ -247,20 +359,54 @@ static CUresult array_new(struct fc_array **out, size_t bytes)
     a->magic = ARRAY_MAGIC;
     a->dev = c->dev;
     a->bytes = bytes;
+    a->ctx = c;
+    pthread_mutex_lock(&g_array_lock);
+    a->next = g_arrays.next;
+    a->prev = &g_arrays;
+    a->next->prev = a;
+    g_arrays.next = a;
+    pthread_mutex_unlock(&g_array_lock);
     *out = a;
     return CUDA_SUCCESS;
 }
 
-static CUresult array_destroy(struct fc_array *a)
+/* Unlinks and frees; g_array_lock held. */
+static void array_free(struct fc_array *a)
 {
-    if (!fc_initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!a || a->magic != ARRAY_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
     a->magic = 0;
+    a->prev->next = a->next;
+    a->next->prev = a->prev;
     fc_mem_charge(a->dev, -(long long)a->bytes);
     free(a);
-    return CUDA_SUCCESS;
+}
+
+static CUresult array_destroy(struct fc_array *a)
+{
+    CUresult rc = CUDA_ERROR_INVALID_HANDLE;
+
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&g_array_lock);
+    if (a && a->magic == ARRAY_MAGIC) {
+        array_free(a);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_array_lock);
+    return rc;
+}
+
+/* Arrays are freed with the context they were made in (cuCtxDestroy's documentation). */
+void fc_arrays_ctx_gone(struct fc_ctx *c)
+{
+    struct fc_array *a, *next;
+
+    pthread_mutex_lock(&g_array_lock);
+    for (a = g_arrays.next; a != &g_arrays; a = next) {
+        next = a->next;
+        if (a->ctx == c)
+            array_free(a);
+    }
+    pthread_mutex_unlock(&g_array_lock);
 }
 
 FC_API CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)

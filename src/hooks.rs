@@ -161,6 +161,10 @@ hook_table! {
         fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64)
             -> CUresult => vmm::map;
     Cuda "cuMemUnmap" 10020 false fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult => vmm::unmap;
+    /// One more reference to the allocation mapped at `addr` (NCCL frees through it).
+    Cuda "cuMemRetainAllocationHandle" 11000 false
+        fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult
+            => vmm::retain_handle;
     Cuda "cuMemImportFromShareableHandle" 10020 false
         fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os: *mut c_void, kind: c_int)
             -> CUresult => vmm::import_shareable;
@@ -205,12 +209,33 @@ hook_table! {
     Cuda "cuMipmappedArrayDestroy" 5000 false
         fn cuMipmappedArrayDestroy(arr: CUmipmappedArray) -> CUresult => arrays::destroy_mipmapped;
 
-    // Contexts: destroying one releases every charge made in it.
+    // Contexts: the end of one (destroy, last detach, last primary release, primary reset)
+    // releases the charges of the memory the driver frees with it.
     Cuda "cuCtxDestroy" 2000 false fn cuCtxDestroy(ctx: CUcontext) -> CUresult => context::destroy_v1;
     Cuda "cuCtxDestroy" 4000 false fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult => context::destroy_v2;
     Cuda "cuDevicePrimaryCtxReset" 7000 false fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => context::reset_v1;
     Cuda "cuDevicePrimaryCtxReset" 11000 false
         fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => context::reset_v2;
+    Cuda "cuDevicePrimaryCtxRetain" 7000 false
+        fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult => context::primary_retain;
+    Cuda "cuDevicePrimaryCtxRelease" 7000 false
+        fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult => context::primary_release_v1;
+    Cuda "cuDevicePrimaryCtxRelease" 11000 false
+        fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => context::primary_release_v2;
+    Cuda "cuCtxCreate" 2000 false
+        fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult => context::create_v1;
+    Cuda "cuCtxCreate" 3020 false
+        fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult => context::create_v2;
+    /// Execution-affinity parameters (MPS), passed through unread.
+    Cuda "cuCtxCreate" 11040 false
+        fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut c_void, n: c_int, flags: c_uint, dev: CUdevice)
+            -> CUresult => context::create_v3;
+    /// CUDA 12.5+ (`cuCtxCreate` in CUDA 13 headers): creation parameters, passed through unread.
+    Cuda "cuCtxCreate" 12050 false
+        fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) -> CUresult
+            => context::create_v4;
+    Cuda "cuCtxAttach" 2000 false fn cuCtxAttach(pctx: *mut CUcontext, flags: c_uint) -> CUresult => context::attach;
+    Cuda "cuCtxDetach" 2000 false fn cuCtxDetach(ctx: CUcontext) -> CUresult => context::detach;
 
     // Traced, not counted: host memory and memory another process owns.
     Cuda "cuMemHostAlloc" 2020 false

@@ -265,11 +265,14 @@ pub fn take(kind: Kind, key: u64) -> Option<Charge> {
 /// Whether a kind's locked map ever held anything (lets `take` skip the lock for pointers).
 static OVERFLOW_USED: [AtomicBool; KINDS] = [const { AtomicBool::new(false) }; KINDS];
 
-/// Takes every entry whose charge matches `pred` out of all tables (a context destroyed).
-pub fn drain(pred: impl Fn(&Charge) -> bool) -> Vec<(Kind, u64, Charge)> {
-    let mut out: Vec<(Kind, u64, Charge)> =
-        FAST.drain(|v| pred(&unpack(v))).into_iter().map(|(k, v)| (Kind::DevicePtr, k, unpack(v))).collect();
-    for kind in ALL_KINDS {
+/// Takes every entry of `kinds` whose charge matches `pred` out of the tables (a context ended).
+pub fn drain(kinds: &[Kind], pred: impl Fn(&Charge) -> bool) -> Vec<(Kind, u64, Charge)> {
+    let mut out: Vec<(Kind, u64, Charge)> = if kinds.contains(&Kind::DevicePtr) {
+        FAST.drain(|v| pred(&unpack(v))).into_iter().map(|(k, v)| (Kind::DevicePtr, k, unpack(v))).collect()
+    } else {
+        Vec::new()
+    };
+    for &kind in kinds {
         for s in &TABLES[kind as usize] {
             if let Some(m) = s.lock().as_mut() {
                 m.retain(|&k, c| {
@@ -389,7 +392,7 @@ mod tests {
         insert(Kind::Array, 0x1000, a);
         insert(Kind::VmmHandle, 0x1000, a);
         insert(Kind::Array, 0x2000, b);
-        let mut got = drain(|c| c.ctx == 0xc1);
+        let mut got = drain(&ALL_KINDS, |c| c.ctx == 0xc1);
         got.sort_by_key(|g| g.0 as usize);
         assert_eq!(got, vec![(Kind::VmmHandle, 0x1000, a), (Kind::Array, 0x1000, a)]);
         assert_eq!(take(Kind::Array, 0x2000), Some(b));

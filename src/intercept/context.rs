@@ -1,36 +1,77 @@
-//! Destroying a context (or resetting a device's primary context) frees everything allocated in it
-//! without a single free call: every charge is recorded with the context it was made in, and all
-//! of that context's charges are released once the driver has destroyed it.
+//! Context lifetimes, as the driver documents them. Memory made by `cuMemAlloc*`,
+//! `cuMemAllocPitch`, `cuMemAllocManaged` and arrays belongs to the context current when it was
+//! made, and the driver frees it without a free call when that context ends:
+//! - `cuCtxDestroy`, whatever the context's use count;
+//! - `cuCtxDetach` dropping the use count to zero (`cuCtxCreate*` starts it at one, each
+//!   `cuCtxAttach` adds one): PyCUDA ends its contexts this way;
+//! - the last `cuDevicePrimaryCtxRelease`: the driver resets the primary context. The driver's own
+//!   count decides, read back with `cuDevicePrimaryCtxGetState` after each release, so a reference
+//!   taken where we could not see it (or before us) is never miscounted;
+//! - `cuDevicePrimaryCtxReset` (which keeps the retain count).
+//!
+//! Every charge records its context, and all of that context's charges of those kinds go once the
+//! driver has ended it. `cuMemCreate` handles and stream-ordered (pool) memory are *not* freed with
+//! a context (documented for `cuCtxDestroy`): they belong to the device and keep their charges.
+//!
+//! These calls are rare; each holds one lock across its driver call and bookkeeping, so that "the
+//! driver ended the context" and "its charges go" happen with no retain or allocation of another
+//! thread in between (an allocation needs a retained context first).
 
 use super::charge::{Timed, emit};
 use super::{MISSING_REAL, Mode, guarded, mode};
 use crate::events::Op;
 use crate::ffi::*;
 use crate::hooks::{Hook, import, real};
-use crate::ledger;
+use crate::ledger::{self, Kind};
+use crate::sync::{Guard, Lock};
+use std::collections::HashMap;
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Use counts of the contexts made by `cuCtxCreate*` (absent: a context we did not see made).
+static USES: Lock<Option<HashMap<u64, u32>>> = Lock::new(None);
+
+/// The primary context of each device, as last returned by `cuDevicePrimaryCtxRetain`.
+static PRIMARY: [AtomicU64; ledger::MAX_DEVICES] = [const { AtomicU64::new(0) }; ledger::MAX_DEVICES];
+
+/// What a context takes with it: the kinds of memory the driver frees at its end.
+const CONTEXT_OWNED: [Kind; 2] = [Kind::DevicePtr, Kind::Array];
+
+fn serial() -> Guard<'static, Option<HashMap<u64, u32>>> {
+    install_fork_handlers();
+    USES.lock()
+}
 
 fn release_context(api: Hook, ctx: u64) {
     if ctx == 0 {
         return;
     }
-    for (kind, key, c) in ledger::drain(|c| c.ctx == ctx) {
-        if kind.charged() {
-            ledger::release(c.dev as usize, c.size);
-            emit(Op::Free, api, c.dev as i32, key, c.size, Timed::instant(CUDA_SUCCESS), ledger::used(c.dev as usize));
-        }
+    for (_, key, c) in ledger::drain(&CONTEXT_OWNED, |c| c.ctx == ctx) {
+        ledger::release(c.dev as usize, c.size);
+        emit(Op::Free, api, c.dev as i32, key, c.size, Timed::instant(CUDA_SUCCESS), ledger::used(c.dev as usize));
     }
-    // Stream-ordered memory went back to its pools (or with them): re-read what they hold.
+}
+
+/// After the driver ended `ctx`.
+fn ended(api: Hook, ctx: u64) {
+    // The address may come back as another device's context.
+    super::contexts_changed();
+    release_context(api, ctx);
+    // Pools are the device's and outlive contexts; re-reading what they hold costs nothing here.
     super::pool::refresh(None);
 }
 
 unsafe fn destroy(api: Hook, f: unsafe extern "C" fn(CUcontext) -> CUresult, ctx: CUcontext) -> CUresult {
+    if mode() != Mode::Enforce {
+        return unsafe { f(ctx) };
+    }
+    let mut uses = serial();
     let rc = unsafe { f(ctx) };
     if rc == CUDA_SUCCESS {
-        // The address may come back as another device's context.
-        super::contexts_changed();
-        if mode() == Mode::Enforce {
-            guarded((), || release_context(api, ctx as u64));
-        }
+        guarded((), || {
+            uses.get_or_insert_with(HashMap::new).remove(&(ctx as u64));
+            ended(api, ctx as u64);
+        });
     }
     rc
 }
@@ -43,6 +84,86 @@ pub unsafe fn destroy_v2(ctx: CUcontext) -> CUresult {
 pub unsafe fn destroy_v1(ctx: CUcontext) -> CUresult {
     let Some(f) = real::cuCtxDestroy() else { return MISSING_REAL };
     unsafe { destroy(Hook::cuCtxDestroy, f, ctx) }
+}
+
+/// A new context, use count one. `call` makes it and says where it landed.
+fn create(pctx: *mut CUcontext, call: impl FnOnce() -> CUresult) -> CUresult {
+    if mode() != Mode::Enforce {
+        return call();
+    }
+    let mut uses = serial();
+    let rc = call();
+    if rc == CUDA_SUCCESS {
+        // An entry left under this address was a context that ended unseen: this one starts anew.
+        guarded((), || {
+            uses.get_or_insert_with(HashMap::new).insert(unsafe { *pctx } as u64, 1);
+        });
+    }
+    rc
+}
+
+pub unsafe fn create_v1(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+    let Some(f) = real::cuCtxCreate() else { return MISSING_REAL };
+    create(pctx, || unsafe { f(pctx, flags, dev) })
+}
+
+pub unsafe fn create_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+    let Some(f) = real::cuCtxCreate_v2() else { return MISSING_REAL };
+    create(pctx, || unsafe { f(pctx, flags, dev) })
+}
+
+pub unsafe fn create_v3(pctx: *mut CUcontext, params: *mut c_void, n: c_int, flags: c_uint, dev: CUdevice) -> CUresult {
+    let Some(f) = real::cuCtxCreate_v3() else { return MISSING_REAL };
+    create(pctx, || unsafe { f(pctx, params, n, flags, dev) })
+}
+
+pub unsafe fn create_v4(pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) -> CUresult {
+    let Some(f) = real::cuCtxCreate_v4() else { return MISSING_REAL };
+    create(pctx, || unsafe { f(pctx, params, flags, dev) })
+}
+
+/// `cuCtxAttach`: the current context's use count, plus one.
+pub unsafe fn attach(pctx: *mut CUcontext, flags: c_uint) -> CUresult {
+    let Some(f) = real::cuCtxAttach() else { return MISSING_REAL };
+    if mode() != Mode::Enforce {
+        return unsafe { f(pctx, flags) };
+    }
+    let mut uses = serial();
+    let rc = unsafe { f(pctx, flags) };
+    if rc == CUDA_SUCCESS {
+        guarded((), || {
+            if let Some(n) = uses.get_or_insert_with(HashMap::new).get_mut(&(unsafe { *pctx } as u64)) {
+                *n += 1;
+            }
+        });
+    }
+    rc
+}
+
+/// `cuCtxDetach`: minus one; at zero the driver destroys the context as `cuCtxDestroy` would. A
+/// context whose count we do not know (not made through a wrapper we saw) keeps its charges:
+/// we cannot tell whether it ended, and guessing "yes" could hand out memory that still exists.
+pub unsafe fn detach(ctx: CUcontext) -> CUresult {
+    let Some(f) = real::cuCtxDetach() else { return MISSING_REAL };
+    if mode() != Mode::Enforce {
+        return unsafe { f(ctx) };
+    }
+    let mut uses = serial();
+    let rc = unsafe { f(ctx) };
+    if rc == CUDA_SUCCESS {
+        guarded((), || {
+            let map = uses.get_or_insert_with(HashMap::new);
+            let key = ctx as u64;
+            if let Some(n) = map.get_mut(&key) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    map.remove(&key);
+                    ended(Hook::cuCtxDetach, key);
+                }
+            }
+        });
+    }
+    rc
 }
 
 /// The primary context of `dev` if it is active (learning its handle must not create it: an
@@ -65,14 +186,72 @@ fn active_primary(dev: CUdevice) -> u64 {
     ctx as u64
 }
 
+/// The primary context of `dev`: the one we saw retained, else asked of the driver.
+fn primary_of(dev: CUdevice) -> u64 {
+    let known = usize::try_from(dev).ok().and_then(|d| PRIMARY.get(d)).map_or(0, |p| p.load(Ordering::Acquire));
+    if known != 0 { known } else { active_primary(dev) }
+}
+
+/// Whether the driver still holds `dev`'s primary context. Unknown counts as yes: keeping
+/// charges of memory that is gone can only deny, dropping them could hand out memory that exists.
+fn primary_active(dev: CUdevice) -> bool {
+    let Some(state) = import::cuDevicePrimaryCtxGetState() else { return true };
+    let (mut flags, mut active) = (0, 0);
+    let rc = unsafe { state(dev, &mut flags, &mut active) };
+    rc != CUDA_SUCCESS || active != 0
+}
+
+pub unsafe fn primary_retain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    let Some(f) = real::cuDevicePrimaryCtxRetain() else { return MISSING_REAL };
+    if mode() != Mode::Enforce {
+        return unsafe { f(pctx, dev) };
+    }
+    let _serial = serial();
+    let rc = unsafe { f(pctx, dev) };
+    if rc == CUDA_SUCCESS
+        && let Some(p) = usize::try_from(dev).ok().and_then(|d| PRIMARY.get(d))
+    {
+        p.store(unsafe { *pctx } as u64, Ordering::Release);
+    }
+    rc
+}
+
+unsafe fn primary_release(api: Hook, f: unsafe extern "C" fn(CUdevice) -> CUresult, dev: CUdevice) -> CUresult {
+    if mode() != Mode::Enforce {
+        return unsafe { f(dev) };
+    }
+    let _serial = serial();
+    let ctx = guarded(0, || primary_of(dev));
+    let rc = unsafe { f(dev) };
+    if rc == CUDA_SUCCESS {
+        guarded((), || {
+            if !primary_active(dev) {
+                ended(api, ctx);
+            }
+        });
+    }
+    rc
+}
+
+pub unsafe fn primary_release_v2(dev: CUdevice) -> CUresult {
+    let Some(f) = real::cuDevicePrimaryCtxRelease_v2() else { return MISSING_REAL };
+    unsafe { primary_release(Hook::cuDevicePrimaryCtxRelease_v2, f, dev) }
+}
+
+pub unsafe fn primary_release_v1(dev: CUdevice) -> CUresult {
+    let Some(f) = real::cuDevicePrimaryCtxRelease() else { return MISSING_REAL };
+    unsafe { primary_release(Hook::cuDevicePrimaryCtxRelease, f, dev) }
+}
+
 unsafe fn reset(api: Hook, f: unsafe extern "C" fn(CUdevice) -> CUresult, dev: CUdevice) -> CUresult {
     if mode() != Mode::Enforce {
         return unsafe { f(dev) };
     }
-    let ctx = guarded(0, || active_primary(dev));
+    let _serial = serial();
+    let ctx = guarded(0, || primary_of(dev));
     let rc = unsafe { f(dev) };
     if rc == CUDA_SUCCESS {
-        guarded((), || release_context(api, ctx));
+        guarded((), || ended(api, ctx));
     }
     rc
 }
@@ -85,4 +264,22 @@ pub unsafe fn reset_v2(dev: CUdevice) -> CUresult {
 pub unsafe fn reset_v1(dev: CUdevice) -> CUresult {
     let Some(f) = real::cuDevicePrimaryCtxReset() else { return MISSING_REAL };
     unsafe { reset(Hook::cuDevicePrimaryCtxReset, f, dev) }
+}
+
+static FORK_HANDLERS: std::sync::Once = std::sync::Once::new();
+
+/// A fork while another thread is inside one of these calls must not leave the child's lock held.
+fn install_fork_handlers() {
+    extern "C" fn prepare() {
+        USES.acquire_for_fork();
+    }
+    extern "C" fn parent() {
+        USES.release_after_fork();
+    }
+    extern "C" fn child() {
+        USES.reset_in_child();
+    }
+    FORK_HANDLERS.call_once(|| unsafe {
+        libc::pthread_atfork(Some(prepare), Some(parent), Some(child));
+    });
 }

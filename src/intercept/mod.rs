@@ -5,6 +5,7 @@
 pub mod arrays;
 pub mod charge;
 pub mod context;
+pub mod handles;
 pub mod host;
 pub mod init;
 pub mod mem;

@@ -1,11 +1,12 @@
 //! Virtual memory management (PyTorch expandable segments, NCCL ≥ 2.19): the physical allocation
-//! (`cuMemCreate`, keyed by its handle, device locations only) is what is charged; reserving
-//! address space and mapping/unmapping a handle are traced but never counted, so memory mapped at
-//! several addresses is counted once. The charge goes at `cuMemRelease` (the driver frees the
-//! memory once it is also unmapped; callers unmap first).
+//! (`cuMemCreate`, keyed by its handle, device locations only) is what is charged, once however
+//! often it is mapped; reserving address space is traced, never counted. The charge lives as long
+//! as the driver keeps the memory: until every handle reference is released and every mapping is
+//! unmapped ([`super::handles`]).
 
-use super::charge::{self, Target, emit, timed};
-use super::{MISSING_REAL, Mode, mode};
+use super::charge::{self, Target, Timed, emit, timed};
+use super::handles;
+use super::{MISSING_REAL, Mode, guarded, mode};
 use crate::events::Op;
 use crate::ffi::*;
 use crate::hooks::{Hook, real};
@@ -18,16 +19,41 @@ pub unsafe fn create(handle: *mut CUmemGenericAllocationHandle, size: usize, pro
     let loc = if prop.is_null() { None } else { Some(unsafe { (*prop).location }) };
     match loc {
         Some(l) if l.type_ == CU_MEM_LOCATION_TYPE_DEVICE && l.id >= 0 => {
-            charge::alloc(Hook::cuMemCreate, Kind::VmmHandle, Target::Device(l.id as usize), size as u64, call, || unsafe { *handle })
+            charge::alloc(Hook::cuMemCreate, Kind::VmmHandle, Target::Device(l.id as usize), size as u64, call, || {
+                handles::created(unsafe { *handle })
+            })
         }
         // Host (NUMA) locations are host memory; a NULL prop is the driver's to refuse.
         _ => call(),
     }
 }
 
+/// One reference fewer; the charge goes with the last reference only if nothing is mapped.
 pub unsafe fn release(handle: CUmemGenericAllocationHandle) -> CUresult {
     let Some(f) = real::cuMemRelease() else { return MISSING_REAL };
-    charge::free(Hook::cuMemRelease, Kind::VmmHandle, handle, || unsafe { f(handle) })
+    if mode() != Mode::Enforce {
+        return unsafe { f(handle) };
+    }
+    let r = guarded(None, || handles::release_begin(handle));
+    let t = timed(|| unsafe { f(handle) });
+    guarded((), || handles::release_end(r, t));
+    if t.rc != CUDA_SUCCESS {
+        emit(Op::Fail, Hook::cuMemRelease, -1, handle, 0, t, 0);
+    }
+    t.rc
+}
+
+/// `cuMemRetainAllocationHandle`: one more reference to the allocation mapped at `addr` (NCCL finds
+/// its handles again this way when it frees).
+pub unsafe fn retain_handle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult {
+    let Some(f) = real::cuMemRetainAllocationHandle() else { return MISSING_REAL };
+    if mode() != Mode::Enforce {
+        return unsafe { f(handle, addr) };
+    }
+    let id = guarded(None, || handles::retain_begin(addr as u64));
+    let t = timed(|| unsafe { f(handle, addr) });
+    guarded((), || handles::retain_end(id, || unsafe { *handle }, t));
+    t.rc
 }
 
 /// Calls the driver and emits a traced-only event: the caller's memory, not ours to count.
@@ -36,13 +62,16 @@ pub fn traced(op: Op, api: Hook, ptr: impl FnOnce() -> u64, size: u64, call: imp
         return call();
     }
     let t = timed(call);
-    let rc = t.rc;
+    note(op, api, ptr, size, t);
+    t.rc
+}
+
+fn note(op: Op, api: Hook, ptr: impl FnOnce() -> u64, size: u64, t: Timed) {
     if crate::events::enabled() {
         let dev = super::current_device().map_or(-1, |d| d as i32);
-        let (op, p) = if rc == CUDA_SUCCESS { (op, ptr()) } else { (Op::Fail, 0) };
+        let (op, p) = if t.rc == CUDA_SUCCESS { (op, ptr()) } else { (Op::Fail, 0) };
         emit(op, api, dev, p, size, t, if dev >= 0 { crate::ledger::used(dev as usize) } else { 0 });
     }
-    rc
 }
 
 pub unsafe fn address_reserve(ptr: *mut CUdeviceptr, size: usize, align: usize, addr: CUdeviceptr, flags: u64) -> CUresult {
@@ -55,18 +84,43 @@ pub unsafe fn address_free(ptr: CUdeviceptr, size: usize) -> CUresult {
     traced(Op::Unmap, Hook::cuMemAddressFree, || ptr, size as u64, || unsafe { f(ptr, size) })
 }
 
+/// A mapping keeps the allocation's memory (and charge) alive after its handle is released.
 pub unsafe fn map(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult {
     let Some(f) = real::cuMemMap() else { return MISSING_REAL };
-    traced(Op::Map, Hook::cuMemMap, || ptr, size as u64, || unsafe { f(ptr, size, offset, handle, flags) })
+    if mode() != Mode::Enforce {
+        return unsafe { f(ptr, size, offset, handle, flags) };
+    }
+    let id = guarded(None, || handles::map_begin(handle));
+    let t = timed(|| unsafe { f(ptr, size, offset, handle, flags) });
+    guarded((), || handles::map_end(id, ptr, size as u64, t));
+    note(Op::Map, Hook::cuMemMap, || ptr, size as u64, t);
+    t.rc
 }
 
+/// The last unmap of a released allocation is where its memory (and charge) goes.
 pub unsafe fn unmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     let Some(f) = real::cuMemUnmap() else { return MISSING_REAL };
-    traced(Op::Unmap, Hook::cuMemUnmap, || ptr, size as u64, || unsafe { f(ptr, size) })
+    if mode() != Mode::Enforce {
+        return unsafe { f(ptr, size) };
+    }
+    let u = guarded(None, || Some(handles::unmap_begin(ptr, size as u64)));
+    let t = timed(|| unsafe { f(ptr, size) });
+    note(Op::Unmap, Hook::cuMemUnmap, || ptr, size as u64, t);
+    if let Some(u) = u {
+        guarded((), || handles::unmap_end(u, t));
+    }
+    t.rc
 }
 
-/// Memory exported by another process: that process is charged for it.
+/// Memory exported by another process: that process is charged for it. A handle this process
+/// exported itself comes back as one more reference to an allocation already charged.
 pub unsafe fn import_shareable(handle: *mut CUmemGenericAllocationHandle, os: *mut c_void, kind: c_int) -> CUresult {
     let Some(f) = real::cuMemImportFromShareableHandle() else { return MISSING_REAL };
-    traced(Op::IpcOpen, Hook::cuMemImportFromShareableHandle, || unsafe { *handle }, 0, || unsafe { f(handle, os, kind) })
+    traced(Op::IpcOpen, Hook::cuMemImportFromShareableHandle, || unsafe { *handle }, 0, || {
+        let rc = unsafe { f(handle, os, kind) };
+        if rc == CUDA_SUCCESS {
+            guarded((), || handles::imported(unsafe { *handle }));
+        }
+        rc
+    })
 }

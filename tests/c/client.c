@@ -25,7 +25,7 @@
  *                           (CLOCK_MONOTONIC ns: t0 after cuMemAlloc_v2 returned, t1 before
  *                           cuMemFree_v2 is called; the memory is certainly held in between),
  *                           then record ok=A oom=O other=E. Sizes 1..MAX, holds 0..HOLD_US.
- *   (pitch, managed, VMM, pools, arrays, contexts, host memory: see client_ops.c;
+ *   (pitch, managed, VMM, pools, arrays, contexts, host memory: see client_ops.c and ops_ctx.c;
  *   fork/exec/signals/soak under load: see ops_faults.c)
  * SIZE: integer with optional k/m/g/t suffix (binary; "i", "b", "ib" allowed).
  * Slots number every alloc/alloc1 from 0, failed ones included (ptr 0).
@@ -447,6 +447,8 @@ int client_run(const struct cu_api *api, int argc, char **argv)
             /* handled in ops_faults.c */
         } else {
             int used = client_extra_op(A, op, argc - i - 1, argv + i + 1, new_slot_ull, slot_ptr);
+            if (used < 0)
+                used = client_ctx_op(A, op, argc - i - 1, argv + i + 1, new_slot_ull, slot_ptr);
             if (used < 0)
                 die("unknown op '%s'", op);
             i += used;

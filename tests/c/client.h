@@ -53,6 +53,22 @@
     X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, 0) \
     X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, 0)
 
+/* Context and VMM lifetime entry points (ops_ctx.c), same form as CLIENT_EXTRA. */
+#define CLIENT_CTX(X) \
+    X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, 0) \
+    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0) \
+    X(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, 0) \
+    X(cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState", 7000, 0) \
+    X(cuCtxCreate, "cuCtxCreate", 2000, 0) \
+    X(cuCtxCreate_v3, "cuCtxCreate", 11040, 0) \
+    X(cuCtxCreate_v4, "cuCtxCreate", 12050, 0) \
+    X(cuCtxDestroy, "cuCtxDestroy", 2000, 0) \
+    X(cuCtxAttach, "cuCtxAttach", 2000, 0) \
+    X(cuCtxDetach, "cuCtxDetach", 2000, 0) \
+    X(cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, 0) \
+    X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, 0) \
+    X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, 0)
+
 struct cu_api {
     CUresult (*cuInit)(unsigned int);
     CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
@@ -68,6 +84,7 @@ struct cu_api {
     CUresult (*cuDriverGetVersion)(int *);
 #define FIELD(name, base, ver, flags) __typeof__(&name) name;
     CLIENT_EXTRA(FIELD)
+    CLIENT_CTX(FIELD)
 #undef FIELD
 };
 
@@ -89,6 +106,11 @@ int client_fault_op(const char *op, int *i, int argc, char **argv,
 int client_extra_op(const struct cu_api *api, const char *op, int argc, char **argv,
                     unsigned long long (*new_slot)(unsigned long long),
                     unsigned long long (*slot)(const char *));
+
+/* Context and VMM lifetime ops (ops_ctx.c), same contract as client_extra_op. */
+int client_ctx_op(const struct cu_api *api, const char *op, int argc, char **argv,
+                  unsigned long long (*new_slot)(unsigned long long),
+                  unsigned long long (*slot)(const char *));
 
 /* Front-end helper: complain and exit when a function could not be resolved. */
 void client_need(const void *fn, const char *what);

@@ -1,0 +1,464 @@
+//! The lifetime of a VMM physical allocation, as the driver documents it: its memory lives until
+//! every reference to its handle is released (`cuMemCreate` gives one, each
+//! `cuMemRetainAllocationHandle` one more) AND every mapping of it is unmapped. Releasing right
+//! after mapping is what NVIDIA's own VMM samples do, so the charge must outlive the release.
+//!
+//! Each allocation has a ledger entry (`Kind::VmmHandle`) holding its charge. Its key is the handle
+//! while the handle is live; once every reference is released but mappings remain, the driver may
+//! hand the same handle value to a new allocation, so the entry moves to a private key
+//! (`ORPHAN | id`) until the last mapping goes.
+//!
+//! Mapped ranges are kept as pieces; an unmap subtracts its range from whatever it overlaps
+//! (a driver that refuses sub-range unmaps leaves nothing to subtract; one that allows them leaves
+//! the rest mapped), so an allocation mapped at several addresses stays charged until the last.
+//!
+//! Every change that can end an allocation is made *before* the driver call (its ledger entry taken
+//! out, as `charge::free` does) and undone if the call fails: once the driver has freed it, another
+//! thread may get the same handle value or address at once. The table lock is never held across a
+//! driver call.
+
+use super::charge::{Timed, emit};
+use crate::events::Op;
+use crate::ffi::*;
+use crate::hooks::Hook;
+use crate::ledger::{self, Charge, Kind};
+use crate::sync::Lock;
+use std::collections::{BTreeMap, HashMap};
+
+/// Ledger keys of allocations whose handle is released while still mapped (handles are driver
+/// pointers, far below this bit).
+const ORPHAN: u64 = 1 << 63;
+
+#[derive(Clone, Copy, Debug)]
+struct Alloc {
+    /// Its handle value (what events show).
+    handle: u64,
+    /// The ledger key of its charge: the handle, or `ORPHAN | id` once every reference is released.
+    key: u64,
+    /// Handle references not yet released.
+    refs: u32,
+    /// Mapped pieces.
+    pieces: u32,
+    /// `cuMemMap` calls in flight.
+    pending: u32,
+}
+
+impl Alloc {
+    fn alive(&self) -> bool {
+        self.refs > 0 || self.pieces > 0 || self.pending > 0
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    allocs: HashMap<u64, Alloc>,
+    /// Live handle value → allocation id.
+    handles: HashMap<u64, u64>,
+    /// Mapped piece start → (end, allocation id); pieces never overlap.
+    pieces: BTreeMap<u64, (u64, u64)>,
+    next: u64,
+}
+
+static TABLE: Lock<Option<Table>> = Lock::new(None);
+
+fn with<R>(f: impl FnOnce(&mut Table) -> R) -> R {
+    install_fork_handlers();
+    let mut g = TABLE.lock();
+    f(g.get_or_insert_with(Table::default))
+}
+
+fn rekey(from: u64, to: u64) {
+    if from != to
+        && let Some(c) = ledger::take(Kind::VmmHandle, from)
+    {
+        ledger::insert(Kind::VmmHandle, to, c);
+    }
+}
+
+/// An allocation taken out of the table and the ledger, to be charged off once the driver call
+/// succeeds (or put back if it fails).
+struct Ending {
+    id: u64,
+    alloc: Alloc,
+    charge: Option<Charge>,
+}
+
+impl Table {
+    /// Takes `id` out if nothing keeps it alive any more.
+    fn end_if_dead(&mut self, id: u64, out: &mut Vec<Ending>) {
+        if let Some(a) = self.allocs.get(&id).copied()
+            && !a.alive()
+        {
+            self.allocs.remove(&id);
+            out.push(Ending { id, alloc: a, charge: ledger::take(Kind::VmmHandle, a.key) });
+        }
+    }
+
+    /// The last reference of `id` is gone (released, or its handle value reused by the driver).
+    fn orphan(&mut self, id: u64, out: &mut Vec<Ending>) {
+        let Some(a) = self.allocs.get_mut(&id) else { return };
+        a.refs = 0;
+        if a.alive() {
+            let k = a.key;
+            a.key = ORPHAN | id;
+            rekey(k, ORPHAN | id);
+        } else {
+            self.end_if_dead(id, out);
+        }
+    }
+
+    /// `handle` now names allocation `id` (the driver said so).
+    fn bind(&mut self, handle: u64, id: u64, out: &mut Vec<Ending>) {
+        if let Some(&old) = self.handles.get(&handle)
+            && old != id
+        {
+            // The driver reused the value: the old allocation's references are gone.
+            self.handles.remove(&handle);
+            self.orphan(old, out);
+        }
+        self.handles.insert(handle, id);
+        if let Some(a) = self.allocs.get_mut(&id)
+            && a.key != handle
+        {
+            rekey(a.key, handle);
+            a.key = handle;
+        }
+    }
+
+    fn restore(&mut self, e: Ending) {
+        if let Some(c) = e.charge {
+            ledger::insert(Kind::VmmHandle, e.alloc.key, c);
+        }
+        self.allocs.insert(e.id, e.alloc);
+    }
+
+    /// Removes `[start, end)` from the mapped pieces; returns the pieces removed and the
+    /// leftovers put back (a sub-range unmap of a larger piece).
+    fn carve(&mut self, start: u64, end: u64) -> (Vec<(u64, u64, u64)>, Vec<(u64, u64, u64)>) {
+        let hit: Vec<(u64, u64, u64)> = self
+            .pieces
+            .range(..end)
+            .rev()
+            .take_while(|(_, (e, _))| *e > start)
+            .map(|(&s, &(e, id))| (s, e, id))
+            .collect();
+        let mut added = Vec::new();
+        for &(s, e, id) in &hit {
+            self.pieces.remove(&s);
+            let mut left = 0;
+            for (ls, le) in [(s, start), (end, e)] {
+                if ls < le && ls >= s && le <= e {
+                    self.pieces.insert(ls, (le, id));
+                    added.push((ls, le, id));
+                    left += 1;
+                }
+            }
+            if let Some(a) = self.allocs.get_mut(&id) {
+                a.pieces = a.pieces - 1 + left;
+            }
+        }
+        (hit, added)
+    }
+}
+
+/// Charges off allocations whose memory the driver has freed.
+fn charge_off(api: Hook, t: Timed, gone: Vec<Ending>) {
+    for e in gone {
+        if let Some(c) = e.charge {
+            ledger::release(c.dev as usize, c.size);
+            emit(Op::Free, api, c.dev as i32, e.alloc.handle, c.size, t, ledger::used(c.dev as usize));
+        }
+    }
+}
+
+/// After a successful `cuMemCreate`: the new allocation's ledger key (its handle).
+pub fn created(handle: u64) -> u64 {
+    let mut gone = Vec::new();
+    with(|t| {
+        t.next += 1;
+        let id = t.next;
+        t.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0 });
+        t.bind(handle, id, &mut gone);
+    });
+    charge_off(Hook::cuMemCreate, Timed::instant(CUDA_SUCCESS), gone);
+    handle
+}
+
+/// What `release_begin` changed, undone by a failed call.
+pub struct Release {
+    handle: u64,
+    id: u64,
+    ending: Vec<Ending>,
+}
+
+/// Before `cuMemRelease(handle)`: drop one reference (`None`: not a handle we charged).
+pub fn release_begin(handle: u64) -> Option<Release> {
+    with(|t| {
+        let id = *t.handles.get(&handle)?;
+        let a = t.allocs.get_mut(&id)?;
+        a.refs = a.refs.saturating_sub(1);
+        let mut ending = Vec::new();
+        if a.refs == 0 {
+            t.handles.remove(&handle);
+            t.orphan(id, &mut ending);
+        }
+        Some(Release { handle, id, ending })
+    })
+}
+
+pub fn release_end(r: Option<Release>, t: Timed) {
+    let Some(r) = r else { return };
+    if t.rc == CUDA_SUCCESS {
+        charge_off(Hook::cuMemRelease, t, r.ending);
+        return;
+    }
+    // The handle is still valid: nobody can have been given its value.
+    with(|tb| {
+        for e in r.ending {
+            tb.restore(e);
+        }
+        if let Some(a) = tb.allocs.get_mut(&r.id) {
+            a.refs += 1;
+        }
+        let mut none = Vec::new();
+        tb.bind(r.handle, r.id, &mut none);
+    });
+}
+
+/// Before `cuMemMap(.., handle, ..)`: the allocation being mapped (kept alive during the call).
+pub fn map_begin(handle: u64) -> Option<u64> {
+    with(|t| {
+        let id = *t.handles.get(&handle)?;
+        t.allocs.get_mut(&id)?.pending += 1;
+        Some(id)
+    })
+}
+
+pub fn map_end(id: Option<u64>, ptr: u64, size: u64, t: Timed) {
+    let Some(id) = id else { return };
+    let mut gone = Vec::new();
+    with(|tb| {
+        if t.rc == CUDA_SUCCESS && size > 0 {
+            // Anything we still had at these addresses was unmapped in a way we did not see.
+            let (hit, _) = tb.carve(ptr, ptr.saturating_add(size));
+            for (_, _, other) in hit {
+                tb.end_if_dead(other, &mut gone);
+            }
+            tb.pieces.insert(ptr, (ptr.saturating_add(size), id));
+            if let Some(a) = tb.allocs.get_mut(&id) {
+                a.pieces += 1;
+            }
+        }
+        if let Some(a) = tb.allocs.get_mut(&id) {
+            a.pending -= 1;
+        }
+        tb.end_if_dead(id, &mut gone);
+    });
+    charge_off(Hook::cuMemMap, t, gone);
+}
+
+/// What `unmap_begin` changed, undone by a failed call.
+pub struct Unmap {
+    removed: Vec<(u64, u64, u64)>,
+    added: Vec<(u64, u64, u64)>,
+    ending: Vec<Ending>,
+}
+
+/// Before `cuMemUnmap(ptr, size)`.
+pub fn unmap_begin(ptr: u64, size: u64) -> Unmap {
+    with(|t| {
+        let (removed, added) = t.carve(ptr, ptr.saturating_add(size));
+        let mut ending = Vec::new();
+        for &(_, _, id) in &removed {
+            t.end_if_dead(id, &mut ending);
+        }
+        Unmap { removed, added, ending }
+    })
+}
+
+pub fn unmap_end(u: Unmap, t: Timed) {
+    if t.rc == CUDA_SUCCESS {
+        charge_off(Hook::cuMemUnmap, t, u.ending);
+        return;
+    }
+    with(|tb| {
+        for e in u.ending {
+            tb.restore(e);
+        }
+        for (s, _, id) in u.added {
+            tb.pieces.remove(&s);
+            if let Some(a) = tb.allocs.get_mut(&id) {
+                a.pieces -= 1;
+            }
+        }
+        for (s, e, id) in u.removed {
+            tb.pieces.insert(s, (e, id));
+            if let Some(a) = tb.allocs.get_mut(&id) {
+                a.pieces += 1;
+            }
+        }
+    });
+}
+
+/// Before `cuMemRetainAllocationHandle(&h, addr)`: the allocation mapped at `addr`, given a
+/// reference for the duration of the call.
+pub fn retain_begin(addr: u64) -> Option<u64> {
+    with(|t| {
+        let (_, &(end, id)) = t.pieces.range(..=addr).next_back()?;
+        if end <= addr {
+            return None;
+        }
+        t.allocs.get_mut(&id)?.refs += 1;
+        Some(id)
+    })
+}
+
+pub fn retain_end(id: Option<u64>, handle: impl FnOnce() -> u64, t: Timed) {
+    let mut gone = Vec::new();
+    with(|tb| match id {
+        Some(id) if t.rc == CUDA_SUCCESS => tb.bind(handle(), id, &mut gone),
+        Some(id) => {
+            if let Some(a) = tb.allocs.get_mut(&id) {
+                a.refs -= 1;
+            }
+            tb.end_if_dead(id, &mut gone);
+        }
+        // Not an address we know: a handle we know gains a reference, any other is not ours.
+        None if t.rc == CUDA_SUCCESS => add_ref(tb, handle()),
+        None => {}
+    });
+    charge_off(Hook::cuMemRetainAllocationHandle, t, gone);
+}
+
+fn add_ref(t: &mut Table, handle: u64) {
+    if let Some(id) = t.handles.get(&handle)
+        && let Some(a) = t.allocs.get_mut(id)
+    {
+        a.refs += 1;
+    }
+}
+
+/// After a successful `cuMemImportFromShareableHandle`: a handle of ours (exported by this very
+/// process) gains a reference; any other is memory another process is charged for.
+pub fn imported(handle: u64) {
+    with(|t| add_ref(t, handle));
+}
+
+static FORK_HANDLERS: std::sync::Once = std::sync::Once::new();
+
+fn install_fork_handlers() {
+    extern "C" fn prepare() {
+        TABLE.acquire_for_fork();
+    }
+    extern "C" fn parent() {
+        TABLE.release_after_fork();
+    }
+    extern "C" fn child() {
+        TABLE.reset_in_child();
+    }
+    FORK_HANDLERS.call_once(|| unsafe {
+        libc::pthread_atfork(Some(prepare), Some(parent), Some(child));
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Device 50 is this module's: the ledger's budgets are process-global. Handles are distinct
+    // per test (tests run in parallel on one table).
+    const DEV: usize = 50;
+    const OK: Timed = Timed { rc: CUDA_SUCCESS, dur: 0, at: 0 };
+    const FAIL: Timed = Timed { rc: CUDA_ERROR_INVALID_VALUE, dur: 0, at: 0 };
+
+    fn create(handle: u64, size: u64) {
+        ledger::charge(DEV, size);
+        let key = created(handle);
+        assert!(ledger::insert(Kind::VmmHandle, key, Charge { dev: DEV as u16, size, ctx: 0 }).is_none());
+    }
+
+    fn held(key: u64) -> bool {
+        let c = ledger::take(Kind::VmmHandle, key);
+        if let Some(c) = c {
+            ledger::insert(Kind::VmmHandle, key, c);
+        }
+        c.is_some()
+    }
+
+    fn map(handle: u64, ptr: u64, size: u64) {
+        let id = map_begin(handle);
+        assert!(id.is_some());
+        map_end(id, ptr, size, OK);
+    }
+
+    fn release(handle: u64, t: Timed) {
+        let r = release_begin(handle);
+        release_end(r, t);
+    }
+
+    fn unmap(ptr: u64, size: u64, t: Timed) {
+        let u = unmap_begin(ptr, size);
+        unmap_end(u, t);
+    }
+
+    #[test]
+    fn released_while_mapped_stays_charged_until_the_last_unmap() {
+        let (h, a, b) = (0x1000_0000, 0x7000_0000_0000, 0x7100_0000_0000);
+        create(h, 100);
+        map(h, a, 10);
+        map(h, b, 10);
+        release(h, OK);
+        assert!(!held(h) && held(ORPHAN | with(|t| t.pieces[&a].1)), "moved off the reusable handle value");
+        unmap(a, 10, OK);
+        assert_eq!(with(|t| t.pieces.get(&b).copied().map(|p| p.0)), Some(b + 10));
+        unmap(b, 4, FAIL);
+        assert_eq!(with(|t| t.pieces.get(&b).copied()).map(|p| p.0), Some(b + 10), "a refused unmap changes nothing");
+        unmap(b, 4, OK);
+        assert_eq!(with(|t| t.pieces.get(&(b + 4)).copied()).map(|p| p.0), Some(b + 10), "the rest stays mapped");
+        let id = with(|t| t.pieces[&(b + 4)].1);
+        unmap(b + 4, 6, OK);
+        assert!(with(|t| !t.allocs.contains_key(&id)), "the last piece ends it");
+        assert!(!held(ORPHAN | id));
+    }
+
+    #[test]
+    fn a_failed_release_keeps_the_handle() {
+        let h = 0x2000_0000;
+        create(h, 100);
+        release(h, FAIL);
+        assert!(held(h));
+        release(h, OK);
+        assert!(!held(h));
+        assert!(release_begin(h).is_none(), "a released handle is unknown");
+    }
+
+    #[test]
+    fn retain_adds_a_reference_and_revives_the_handle() {
+        let (h, a) = (0x3000_0000, 0x7200_0000_0000);
+        create(h, 100);
+        map(h, a, 10);
+        release(h, OK);
+        let id = retain_begin(a + 5);
+        retain_end(id, || h, OK);
+        assert!(held(h), "the same handle value again");
+        unmap(a, 10, OK);
+        assert!(held(h), "still referenced");
+        release(h, OK);
+        assert!(!held(h));
+    }
+
+    #[test]
+    fn a_reused_handle_value_never_takes_the_old_charge() {
+        let (h, a) = (0x4000_0000, 0x7300_0000_0000);
+        create(h, 100);
+        map(h, a, 10);
+        release(h, OK);
+        create(h, 7); // the driver hands the value out again
+        let old = with(|t| t.pieces[&a].1);
+        assert!(held(ORPHAN | old) && held(h));
+        unmap(a, 10, OK);
+        assert!(!held(ORPHAN | old) && held(h));
+        release(h, OK);
+        assert!(!held(h));
+    }
+}

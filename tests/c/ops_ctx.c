@@ -1,0 +1,186 @@
+/*
+ * ops_ctx.c - context and VMM lifetime ops, shared by the three client front ends:
+ *   mkctx V DEV          -> mkctx rc=N id=C            (cuCtxCreate v1 / _v2 / _v3 / _v4: V = 1..4;
+ *                                                       becomes current)
+ *   attach               -> attach rc=N id=C           (cuCtxAttach: the current context, once more)
+ *   detach C             -> detach rc=N                (cuCtxDetach)
+ *   destroy1 C | destroy2 C -> destroy rc=N            (cuCtxDestroy / cuCtxDestroy_v2)
+ *   push C               -> push rc=N                  (cuCtxPushCurrent_v2)
+ *   pop                  -> pop rc=N                   (cuCtxPopCurrent_v2)
+ *   release1 DEV | release2 DEV -> primrelease rc=N    (cuDevicePrimaryCtxRelease / _v2)
+ *   reset1 DEV           -> reset rc=N                 (cuDevicePrimaryCtxReset, v1)
+ *   primstate DEV        -> primstate rc=N active=A
+ *   vamap K SIZE         -> vamap rc=N id=V            (reserve SIZE, map handle slot K over it,
+ *                                                       grant access, write through it)
+ *   vaunmap V [OFF SIZE] -> vaunmap rc=N               (cuMemUnmap of the whole mapping, or of
+ *                                                       [va+OFF, va+OFF+SIZE))
+ *   vafree V             -> vafree rc=N                (cuMemAddressFree)
+ *   retainh V OFF        -> retainh rc=N slot=K same=1 (cuMemRetainAllocationHandle(va+OFF):
+ *                                                       handle in a new slot; same: the mapped one)
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+
+static CUcontext g_ctx[64];
+static int g_nctx;
+
+static struct {
+    CUdeviceptr va;
+    size_t size;
+    CUmemGenericAllocationHandle h;
+} g_va[64];
+static int g_nva;
+
+#define OUT client_printf
+
+static CUcontext ctx_at(const char *s)
+{
+    long k = client_parse_long(s);
+    if (k < 0 || k >= g_nctx) {
+        fprintf(stderr, "client: no context %s\n", s ? s : "(missing)");
+        exit(2);
+    }
+    return g_ctx[k];
+}
+
+static int va_at(const char *s)
+{
+    long k = client_parse_long(s);
+    if (k < 0 || k >= g_nva) {
+        fprintf(stderr, "client: no mapping %s\n", s ? s : "(missing)");
+        exit(2);
+    }
+    return (int)k;
+}
+
+static int keep_ctx(CUresult rc, CUcontext c)
+{
+    if (rc == CUDA_SUCCESS && g_nctx < 64)
+        g_ctx[g_nctx++] = c;
+    return g_nctx - 1;
+}
+
+static CUresult va_map(const struct cu_api *A, CUmemGenericAllocationHandle h, size_t size, CUdeviceptr *out)
+{
+    CUmemAccessDesc acc = { { CU_MEM_LOCATION_TYPE_DEVICE, 0 }, 3 };
+    CUdeviceptr va = 0;
+    CUresult rc = A->cuMemAddressReserve(&va, size, 0, 0, 0);
+
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((rc = A->cuMemMap(va, size, 0, h, 0)) != CUDA_SUCCESS ||
+        (rc = A->cuMemSetAccess(va, size, &acc, 1)) != CUDA_SUCCESS) {
+        A->cuMemAddressFree(va, size);
+        return rc;
+    }
+    *(volatile int *)(uintptr_t)va = 7;
+    *out = va;
+    return CUDA_SUCCESS;
+}
+
+int client_ctx_op(const struct cu_api *A, const char *op, int argc, char **argv,
+                  unsigned long long (*new_slot)(unsigned long long),
+                  unsigned long long (*slot)(const char *))
+{
+#define ARG(i) ((i) < argc ? argv[i] : NULL)
+    CUcontext c = NULL;
+    CUresult rc;
+
+    if (!strcmp(op, "mkctx")) {
+        long v = client_parse_long(ARG(0));
+        CUdevice dev = (CUdevice)client_parse_long(ARG(1));
+        switch (v) {
+        case 1: rc = A->cuCtxCreate(&c, 0, dev); break;
+        case 2: rc = A->cuCtxCreate_v2(&c, 0, dev); break;
+        case 3: rc = A->cuCtxCreate_v3(&c, NULL, 0, 0, dev); break;
+        case 4: rc = A->cuCtxCreate_v4(&c, NULL, 0, dev); break;
+        default: fprintf(stderr, "client: no cuCtxCreate variant %ld\n", v); exit(2);
+        }
+        OUT("mkctx rc=%d id=%d", rc, keep_ctx(rc, c));
+        return 2;
+    }
+    if (!strcmp(op, "attach")) {
+        rc = A->cuCtxAttach(&c, 0);
+        OUT("attach rc=%d id=%d", rc, keep_ctx(rc, c));
+        return 0;
+    }
+    if (!strcmp(op, "detach")) {
+        OUT("detach rc=%d", A->cuCtxDetach(ctx_at(ARG(0))));
+        return 1;
+    }
+    if (!strcmp(op, "destroy1") || !strcmp(op, "destroy2")) {
+        c = ctx_at(ARG(0));
+        OUT("destroy rc=%d", op[7] == '1' ? A->cuCtxDestroy(c) : A->cuCtxDestroy_v2(c));
+        return 1;
+    }
+    if (!strcmp(op, "push")) {
+        OUT("push rc=%d", A->cuCtxPushCurrent_v2(ctx_at(ARG(0))));
+        return 1;
+    }
+    if (!strcmp(op, "pop")) {
+        OUT("pop rc=%d", A->cuCtxPopCurrent_v2(&c));
+        return 0;
+    }
+    if (!strcmp(op, "release1") || !strcmp(op, "release2")) {
+        CUdevice dev = (CUdevice)client_parse_long(ARG(0));
+        OUT("primrelease rc=%d",
+            op[7] == '1' ? A->cuDevicePrimaryCtxRelease(dev) : A->cuDevicePrimaryCtxRelease_v2(dev));
+        return 1;
+    }
+    if (!strcmp(op, "reset1")) {
+        OUT("reset rc=%d", A->cuDevicePrimaryCtxReset((CUdevice)client_parse_long(ARG(0))));
+        return 1;
+    }
+    if (!strcmp(op, "primstate")) {
+        unsigned int flags = 0;
+        int active = -1;
+        rc = A->cuDevicePrimaryCtxGetState((CUdevice)client_parse_long(ARG(0)), &flags, &active);
+        OUT("primstate rc=%d active=%d", rc, active);
+        return 1;
+    }
+    if (!strcmp(op, "vamap")) {
+        CUmemGenericAllocationHandle h = slot(ARG(0));
+        size_t size = (size_t)client_parse_size(ARG(1));
+        CUdeviceptr va = 0;
+        rc = va_map(A, h, size, &va);
+        if (rc == CUDA_SUCCESS && g_nva < 64) {
+            g_va[g_nva].va = va;
+            g_va[g_nva].size = size;
+            g_va[g_nva].h = h;
+            g_nva++;
+        }
+        OUT("vamap rc=%d id=%d", rc, g_nva - 1);
+        return 2;
+    }
+    if (!strcmp(op, "vaunmap")) {
+        int k = va_at(ARG(0));
+        /* An optional sub-range: OFF SIZE (both sizes). */
+        if (ARG(1) && ARG(2) && ARG(1)[0] >= '0' && ARG(1)[0] <= '9') {
+            size_t off = (size_t)client_parse_size(ARG(1)), size = (size_t)client_parse_size(ARG(2));
+            OUT("vaunmap rc=%d", A->cuMemUnmap(g_va[k].va + off, size));
+            return 3;
+        }
+        OUT("vaunmap rc=%d", A->cuMemUnmap(g_va[k].va, g_va[k].size));
+        return 1;
+    }
+    if (!strcmp(op, "vafree")) {
+        int k = va_at(ARG(0));
+        OUT("vafree rc=%d", A->cuMemAddressFree(g_va[k].va, g_va[k].size));
+        return 1;
+    }
+    if (!strcmp(op, "retainh")) {
+        int k = va_at(ARG(0));
+        size_t off = (size_t)client_parse_size(ARG(1));
+        CUmemGenericAllocationHandle h = 0;
+        rc = A->cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)(g_va[k].va + off));
+        OUT("retainh rc=%d slot=%llu same=%d", rc, new_slot(rc ? 0 : h), rc == CUDA_SUCCESS && h == g_va[k].h);
+        return 2;
+    }
+    return -1;
+#undef ARG
+}

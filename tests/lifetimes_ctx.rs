@@ -1,0 +1,136 @@
+//! The cap follows the driver's documented lifetimes of contexts and VMM handles, through all three
+//! lookup paths. Every scenario runs twice: under vramcap with a 256 MiB cap, and on the bare fake
+//! driver with 256 MiB of memory, which keeps the documented rules itself (contexts free their
+//! memory when they end; VMM memory lives until released and unmapped). Both must grant and refuse
+//! exactly the same calls: a denial the bare driver would not make is a false out-of-memory, a
+//! grant it would refuse is memory past the cap.
+
+mod common;
+use common::*;
+
+const CLIENTS: [&str; 3] = ["client_linked", "client_dlsym", "client_procaddr"];
+
+/// Runs `ops` under the cap and on the bare 256 MiB driver; checks the result codes of `op` are
+/// `want` in both, and that both end with the same free memory.
+fn agree(ops: &str, checks: &[(&str, &[i64])]) {
+    for c in CLIENTS {
+        let capped = Run::client(c).env("VRAMCAP_LIMIT", "256m").args([ops, "info"]).run();
+        capped.ok();
+        let bare = Run::client(c).bare().env("FAKECUDA_MEM", "256m").args([ops, "info"]).run();
+        bare.ok();
+        for (op, want) in checks {
+            let rcs = |o: &Output| o.of(op).iter().map(|l| l.rc()).collect::<Vec<_>>();
+            assert_eq!(rcs(&bare), *want, "{c}: the bare driver's own rule for `{op}` in: {ops}\n{}", bare.stdout);
+            assert_eq!(rcs(&capped), *want, "{c}: `{op}` under the cap in: {ops}\n{}{}", capped.stdout, capped.stderr);
+        }
+        let free = |o: &Output| o.of("info").last().unwrap().num("free");
+        assert_eq!(free(&capped), free(&bare), "{c}: cuMemGetInfo agrees with the driver after: {ops}");
+    }
+}
+
+#[test]
+fn the_last_primary_release_frees_the_primary_contexts_memory() {
+    // cuda-bindings' sequence: retain, 200 MiB, release, retain, 200 MiB (both ABIs of release).
+    agree("init ctx 0 alloc 200m release2 0 ctx 0 alloc 200m release1 0 ctx 0 alloc 200m", &[
+        ("alloc", &[0, 0, 0]),
+        ("primrelease", &[0, 0]),
+    ]);
+    // Pitched, managed memory and arrays go with it too.
+    agree("init ctx 0 managed 100m array 4096 4096 pitch 1000 32768 release2 0 ctx 0 alloc 250m", &[
+        ("alloc", &[0]),
+    ]);
+}
+
+#[test]
+fn a_release_that_is_not_the_last_keeps_the_memory() {
+    agree("init ctx 0 ctx 0 alloc 200m release2 0 primstate 0 alloc 200m release2 0 primstate 0 ctx 0 alloc 200m", &[
+        ("alloc", &[0, 2, 0]),
+        ("primstate", &[0, 0]),
+    ]);
+    // Releasing a context never retained is the driver's error, and changes nothing.
+    agree("init ctx 0 alloc 200m release2 0 release2 0 ctx 0 alloc 200m", &[
+        ("primrelease", &[0, 201]),
+        ("alloc", &[0, 0]),
+    ]);
+}
+
+#[test]
+fn destroying_a_context_keeps_vmm_memory() {
+    // 10 × (create context, cuMemCreate 200 MiB, destroy): the handles outlive their contexts.
+    let mut ops = String::from("init ctx 0");
+    for i in 0..10 {
+        let (create, destroy) = (1 + i % 4, if i % 2 == 0 { "destroy1" } else { "destroy2" });
+        ops += &format!(" mkctx {create} 0 vmm 200m 0 {destroy} {i}");
+    }
+    let mut want = vec![2; 10];
+    want[0] = 0;
+    agree(&ops, &[("vmm", &want), ("mkctx", &[0; 10]), ("destroy", &[0; 10])]);
+    // What the context allocated itself goes with it, whichever cuCtxCreate ABI made it.
+    for v in 1..=4 {
+        agree(&format!("init mkctx {v} 0 alloc 100m array 4096 4096 vmm 50m 0 destroy2 0 ctx 0 alloc 200m"), &[
+            ("alloc", &[0, 0]),
+        ]);
+    }
+}
+
+#[test]
+fn a_primary_reset_keeps_vmm_memory() {
+    // slot 0: the allocation, slot 1: the handle.
+    for reset in ["reset", "reset1"] {
+        agree(&format!("init ctx 0 alloc 100m vmm 100m 0 {reset} 0 alloc 200m release 1 alloc 200m"), &[
+            ("alloc", &[0, 2, 0]),
+            ("reset", &[0]),
+        ]);
+    }
+}
+
+#[test]
+fn a_detach_to_zero_destroys_the_context() {
+    // PyCUDA: push, detach (which pops); the next context starts from zero.
+    for v in 1..=4 {
+        agree(&format!("init mkctx {v} 0 alloc 200m pop push 0 detach 0 mkctx 2 0 alloc 200m"), &[
+            ("alloc", &[0, 0]),
+            ("detach", &[0]),
+        ]);
+    }
+    // An attached context lives until its last detach.
+    agree("init mkctx 2 0 attach alloc 200m detach 1 push 0 alloc 200m detach 0 mkctx 2 0 alloc 200m detach 2", &[
+        ("attach", &[0]),
+        ("detach", &[0, 0, 0]),
+        ("alloc", &[0, 2, 0]),
+    ]);
+}
+
+#[test]
+fn vmm_memory_lives_until_released_and_unmapped() {
+    // NVIDIA's samples release right after mapping: 5 × 200 MiB must not all be granted.
+    let mut ops = String::from("init ctx 0");
+    for k in 0..5 {
+        ops += &format!(" vmm 200m 0 vamap {k} 200m release {k}");
+    }
+    ops += " vaunmap 0 vmm 200m 0";
+    agree(&ops, &[("vmm", &[0, 2, 2, 2, 2, 0]), ("vamap", &[0, 1, 1, 1, 1]), ("vaunmap", &[0])]);
+}
+
+#[test]
+fn every_mapping_keeps_it_and_a_partial_unmap_is_refused_without_losing_it() {
+    agree(
+        "init ctx 0 vmm 100m 0 vamap 0 100m vamap 0 100m release 0 vaunmap 0 vmm 200m 0 \
+         vaunmap 1 0 2m vmm 200m 0 vaunmap 1 vmm 200m 0",
+        &[("vmm", &[0, 2, 2, 0]), ("vaunmap", &[0, 1, 0])],
+    );
+}
+
+#[test]
+fn a_retained_handle_is_one_more_reference() {
+    // NCCL's free: retain the handle from the address, release that, unmap, release its own.
+    agree(
+        "init ctx 0 vmm 100m 0 vamap 0 100m retainh 0 50m release 1 vaunmap 0 vmm 200m 0 release 0 vmm 200m 0",
+        &[("retainh", &[0]), ("release", &[0, 0]), ("vmm", &[0, 2, 0])],
+    );
+    // Release first, then find the handle again from the mapping: it is live again.
+    agree(
+        "init ctx 0 vmm 100m 0 vamap 0 100m release 0 retainh 0 0 vaunmap 0 vmm 200m 0 release 1 vmm 200m 0",
+        &[("vmm", &[0, 2, 0]), ("release", &[0, 0]), ("retainh", &[0])],
+    );
+}
