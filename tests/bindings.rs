@@ -20,3 +20,19 @@ fn nvidia_cuda_bindings_are_capped() {
     assert!(out.status.success(), "cuda-bindings test failed:\n{}\n{}", out.stdout, out.stderr);
     assert!(out.stdout.contains("bindings ok"), "{}", out.stdout);
 }
+
+/// The cuda-bindings report (primary release, then retain and allocate again) and the
+/// other context and VMM lifetimes, through cuda-bindings 13's own lookups (cuCtxCreate = _v4).
+#[test]
+fn cuda_bindings_see_the_drivers_lifetimes() {
+    build_c();
+    let py = root().join(".venv/bin/python");
+    assert!(py.exists(), "{} missing: scripts/test creates it", py.display());
+    let out = Run::program(&py)
+        .env("VRAMCAP_LIMIT", "64m")
+        .args([root().join("tests/python/bindings_lifetimes.py").to_str().unwrap()])
+        .run();
+    assert!(out.status.success(), "cuda-bindings lifetimes failed:\n{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("bindings lifetimes ok"), "{}", out.stdout);
+    assert!(!out.stderr.contains("none of the variants"), "a context or VMM entry point went unwrapped:\n{}", out.stderr);
+}
