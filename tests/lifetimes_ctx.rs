@@ -134,3 +134,30 @@ fn a_retained_handle_is_one_more_reference() {
         &[("vmm", &[0, 2, 0]), ("release", &[0, 0]), ("retainh", &[0])],
     );
 }
+
+#[test]
+fn racing_threads_never_pass_the_cap_and_leave_nothing_charged() {
+    for c in CLIENTS {
+        // 16 threads × 300 rounds of create, map, release-after-map (or NCCL's retain/release),
+        // unmap, 4 MiB each, under a cap of 24 MiB: the driver never holds more than the cap,
+        // and when all is unmapped and released nothing is charged.
+        let out = Run::client(c)
+            .env("VRAMCAP_LIMIT", "24m")
+            .args(["init ctx 0 vmmstorm 16 300 4m info stats 0"])
+            .run();
+        out.ok();
+        let s = out.nth("vmmstorm", 0);
+        assert_eq!(s.num("other"), 0, "{c}: {}", out.stdout);
+        assert_eq!(s.num("ok") + s.num("oom"), 16 * 300, "{c}");
+        assert!(s.num("ok") > 0, "{c}");
+        let st = out.nth("stats", 0);
+        assert!(st.num("peak") <= 24 * MIB, "{c}: the driver held {} under a 24 MiB cap", st.num("peak"));
+        assert_eq!(st.num("bytes_held"), 0, "{c}");
+        assert_eq!(out.nth("info", 0).num("free"), 24 * MIB, "{c}: every charge went with its memory");
+        // Without contention for the cap, no round is ever refused.
+        let out = Run::client(c).env("VRAMCAP_LIMIT", "64m").args(["init ctx 0 vmmstorm 8 300 4m info"]).run();
+        out.ok();
+        assert_eq!(out.nth("vmmstorm", 0).num("oom"), 0, "{c}: a false out-of-memory: {}", out.stdout);
+        assert_eq!(out.nth("info", 0).num("free"), 64 * MIB, "{c}");
+    }
+}

@@ -17,12 +17,18 @@
  *   vafree V             -> vafree rc=N                (cuMemAddressFree)
  *   retainh V OFF        -> retainh rc=N slot=K same=1 (cuMemRetainAllocationHandle(va+OFF):
  *                                                       handle in a new slot; same: the mapped one)
+ *   vmmstorm T N SIZE    -> vmmstorm ok=A oom=O other=E (T threads × N rounds of cuMemCreate SIZE,
+ *                                                       map, release right after mapping, unmap; every
+ *                                                       other round NCCL's way: retain from the
+ *                                                       address, release that, unmap, release)
  */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <pthread.h>
 
 #include "client.h"
 
@@ -81,6 +87,82 @@ static CUresult va_map(const struct cu_api *A, CUmemGenericAllocationHandle h, s
     *(volatile int *)(uintptr_t)va = 7;
     *out = va;
     return CUDA_SUCCESS;
+}
+
+struct storm {
+    const struct cu_api *A;
+    unsigned long long n, size, ok, oom, other;
+};
+
+static void *storm_worker(void *p)
+{
+    struct storm *st = p;
+    const struct cu_api *A = st->A;
+    CUmemAllocationProp prop;
+
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    for (unsigned long long i = 0; i < st->n; i++) {
+        CUmemGenericAllocationHandle h = 0, h2 = 0;
+        CUdeviceptr va = 0;
+        CUresult rc = A->cuMemCreate(&h, st->size, &prop, 0);
+        int bad = 0;
+
+        if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+            st->oom++;
+            continue;
+        }
+        if (rc != CUDA_SUCCESS) {
+            st->other++;
+            continue;
+        }
+        if (A->cuMemAddressReserve(&va, st->size, 0, 0, 0) != CUDA_SUCCESS) {
+            A->cuMemRelease(h);
+            st->other++;
+            continue;
+        }
+        bad |= A->cuMemMap(va, st->size, 0, h, 0) != CUDA_SUCCESS;
+        if (i % 2 == 0) {
+            bad |= A->cuMemRelease(h) != CUDA_SUCCESS;
+            bad |= A->cuMemUnmap(va, st->size) != CUDA_SUCCESS;
+        } else {
+            bad |= A->cuMemRetainAllocationHandle(&h2, (void *)(uintptr_t)(va + st->size / 2)) != CUDA_SUCCESS;
+            bad |= h2 != h;
+            bad |= A->cuMemRelease(h2) != CUDA_SUCCESS;
+            bad |= A->cuMemUnmap(va, st->size) != CUDA_SUCCESS;
+            bad |= A->cuMemRelease(h) != CUDA_SUCCESS;
+        }
+        bad |= A->cuMemAddressFree(va, st->size) != CUDA_SUCCESS;
+        if (bad)
+            st->other++;
+        else
+            st->ok++;
+    }
+    return NULL;
+}
+
+static void vmm_storm(const struct cu_api *A, long t, unsigned long long n, unsigned long long size)
+{
+    struct storm st[64];
+    pthread_t th[64];
+    unsigned long long ok = 0, oom = 0, other = 0;
+
+    if (t < 1 || t > 64) {
+        fprintf(stderr, "client: vmmstorm takes 1..64 threads\n");
+        exit(2);
+    }
+    for (long i = 0; i < t; i++) {
+        st[i] = (struct storm){ A, n, size, 0, 0, 0 };
+        pthread_create(&th[i], NULL, storm_worker, &st[i]);
+    }
+    for (long i = 0; i < t; i++) {
+        pthread_join(th[i], NULL);
+        ok += st[i].ok;
+        oom += st[i].oom;
+        other += st[i].other;
+    }
+    OUT("vmmstorm ok=%llu oom=%llu other=%llu", ok, oom, other);
 }
 
 int client_ctx_op(const struct cu_api *A, const char *op, int argc, char **argv,
@@ -180,6 +262,12 @@ int client_ctx_op(const struct cu_api *A, const char *op, int argc, char **argv,
         rc = A->cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)(g_va[k].va + off));
         OUT("retainh rc=%d slot=%llu same=%d", rc, new_slot(rc ? 0 : h), rc == CUDA_SUCCESS && h == g_va[k].h);
         return 2;
+    }
+    if (!strcmp(op, "vmmstorm")) {
+        long t = client_parse_long(ARG(0));
+        unsigned long long n = client_parse_size(ARG(1));
+        vmm_storm(A, t, n, client_parse_size(ARG(2)));
+        return 3;
     }
     return -1;
 #undef ARG
