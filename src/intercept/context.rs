@@ -186,10 +186,13 @@ fn active_primary(dev: CUdevice) -> u64 {
     ctx as u64
 }
 
-/// The primary context of `dev`: the one we saw retained, else asked of the driver.
+/// The primary context of `dev`: the driver's answer while it is active (a reset may have given
+/// it a new handle), else the one we last saw retained.
 fn primary_of(dev: CUdevice) -> u64 {
-    let known = usize::try_from(dev).ok().and_then(|d| PRIMARY.get(d)).map_or(0, |p| p.load(Ordering::Acquire));
-    if known != 0 { known } else { active_primary(dev) }
+    match active_primary(dev) {
+        0 => usize::try_from(dev).ok().and_then(|d| PRIMARY.get(d)).map_or(0, |p| p.load(Ordering::Acquire)),
+        ctx => ctx,
+    }
 }
 
 /// Whether the driver still holds `dev`'s primary context. Unknown counts as yes: keeping
