@@ -161,3 +161,43 @@ fn racing_threads_never_pass_the_cap_and_leave_nothing_charged() {
         assert_eq!(out.nth("info", 0).num("free"), 64 * MIB, "{c}");
     }
 }
+
+#[test]
+fn every_abi_of_the_context_and_vmm_lifetime_entry_points_is_wrapped() {
+    // Each base name at every version a runtime or binding may ask for (CUDA 13 included): the
+    // driver's answer is kept (same result, status, NULL or not) and the pointer is our wrapper
+    // of exactly that variant, never "none of the variants".
+    let names = [
+        "cuCtxCreate", "cuCtxDestroy", "cuCtxAttach", "cuCtxDetach", "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset", "cuMemCreate", "cuMemRelease", "cuMemMap",
+        "cuMemUnmap", "cuMemRetainAllocationHandle", "cuMemImportFromShareableHandle",
+    ];
+    let versions = [2000, 3020, 4000, 7000, 10020, 11000, 11040, 12000, 12050, 13000, 13050];
+    let dir = private_group_dir();
+    let tsv = dir.join("lifetimes.tsv");
+    let rows: Vec<String> =
+        names.iter().flat_map(|n| versions.iter().map(move |v| format!("{n}\t{v}\t0\n"))).collect();
+    std::fs::write(&tsv, rows.concat()).unwrap();
+    let replay = |preload: bool| {
+        let mut r = Run::client("replay").args([tsv.to_str().unwrap()]);
+        r = if preload { r.env("VRAMCAP_LIMIT", "1g") } else { r.bare() };
+        let out = r.run();
+        out.ok();
+        out
+    };
+    let (bare, with) = (replay(false), replay(true));
+    assert!(!with.stderr.contains("none of the variants"), "{}", with.stderr);
+    let cols = |o: &Output| o.stdout.lines().map(|l| l.split('\t').map(String::from).collect::<Vec<_>>()).collect::<Vec<_>>();
+    let (b, w) = (cols(&bare), cols(&with));
+    assert_eq!(b.len(), w.len());
+    let mut wrapped = 0;
+    for (b, w) in b.iter().zip(&w) {
+        assert_eq!(b[..6], w[..6], "the driver's answer changed");
+        if names.contains(&b[0].as_str()) && b[5] == "1" {
+            assert_eq!(w[6], "libvramcap.so", "{} @{} is not wrapped", w[0], w[1]);
+            wrapped += 1;
+        }
+    }
+    assert!(wrapped > 90, "only {wrapped} answers wrapped");
+    let _ = std::fs::remove_dir_all(dir);
+}
