@@ -201,3 +201,37 @@ fn every_abi_of_the_context_and_vmm_lifetime_entry_points_is_wrapped() {
     assert!(wrapped > 90, "only {wrapped} answers wrapped");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn the_trace_names_the_call_that_ended_the_memory() {
+    let dir = private_group_dir();
+    let path = dir.join("t.jsonl");
+    let out = Run::client("client_procaddr")
+        .env("VRAMCAP_LIMIT", "256m")
+        .env("VRAMCAP_TRACE", &path)
+        .args(["init ctx 0 vmm 4m 0 vamap 0 4m release 0 vaunmap 0 mkctx 2 0 alloc 1m attach detach 1 push 0 detach 0"])
+        .args(["alloc 2m release2 0"])
+        .run();
+    out.ok();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let got: Vec<String> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["type"] == "event" && (v["op"] == "alloc" || v["op"] == "free"))
+        .map(|v| format!("{} {} {}", v["op"].as_str().unwrap(), v["api"].as_str().unwrap(), v["size"]))
+        .collect();
+    let mib = |n: u64| n * MIB;
+    assert_eq!(
+        got,
+        [
+            format!("alloc cuMemCreate {}", mib(4)),
+            format!("free cuMemUnmap {}", mib(4)),
+            format!("alloc cuMemAlloc_v2 {}", mib(1)),
+            format!("free cuCtxDetach {}", mib(1)),
+            format!("alloc cuMemAlloc_v2 {}", mib(2)),
+            format!("free cuDevicePrimaryCtxRelease_v2 {}", mib(2)),
+        ],
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
