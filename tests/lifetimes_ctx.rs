@@ -235,3 +235,20 @@ fn the_trace_names_the_call_that_ended_the_memory() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn racing_context_lifetimes_leave_the_ledger_equal_to_the_driver() {
+    for c in CLIENTS {
+        // 12 threads × 300 rounds: create/allocate/destroy, create/attach/detach twice, and
+        // retain/allocate/free/release the shared primary context, 4 MiB each under 24 MiB.
+        let out = Run::client(c).env("VRAMCAP_LIMIT", "24m").args(["init ctxstorm 12 300 4m ctx 0 info stats 0"]).run();
+        out.ok();
+        let s = out.nth("ctxstorm", 0);
+        assert_eq!(s.num("other"), 0, "{c}: {}{}", out.stdout, out.stderr);
+        assert!(s.num("ok") > 0, "{c}");
+        let st = out.nth("stats", 0);
+        assert!(st.num("peak") <= 24 * MIB, "{c}: the driver held {} under a 24 MiB cap", st.num("peak"));
+        assert_eq!(st.num("bytes_held"), 0, "{c}");
+        assert_eq!(out.nth("info", 0).num("free"), 24 * MIB, "{c}: every context took its charges along");
+    }
+}

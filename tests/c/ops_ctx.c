@@ -21,6 +21,10 @@
  *                                                       map, release right after mapping, unmap; every
  *                                                       other round NCCL's way: retain from the
  *                                                       address, release that, unmap, release)
+ *   ctxstorm T N SIZE    -> ctxstorm ok=A oom=O other=E (T threads × N rounds, each allocating SIZE in:
+ *                                                       a new context then destroyed; a new one
+ *                                                       attached and detached twice; the primary
+ *                                                       context, retained, freed, released)
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -142,19 +146,72 @@ static void *storm_worker(void *p)
     return NULL;
 }
 
-static void vmm_storm(const struct cu_api *A, long t, unsigned long long n, unsigned long long size)
+static void *ctx_worker(void *p)
+{
+    struct storm *st = p;
+    const struct cu_api *A = st->A;
+
+    for (unsigned long long i = 0; i < st->n; i++) {
+        CUcontext c = NULL, c2 = NULL;
+        CUdeviceptr d = 0;
+        CUresult rc;
+        int bad = 0;
+
+        switch (i % 3) {
+        case 0:
+            if (A->cuCtxCreate_v2(&c, 0, 0) != CUDA_SUCCESS) {
+                st->other++;
+                continue;
+            }
+            rc = A->cuMemAlloc_v2(&d, st->size);
+            bad |= A->cuCtxDestroy_v2(c) != CUDA_SUCCESS;
+            break;
+        case 1:
+            if (A->cuCtxCreate_v4(&c, NULL, 0, 0) != CUDA_SUCCESS) {
+                st->other++;
+                continue;
+            }
+            rc = A->cuMemAlloc_v2(&d, st->size);
+            bad |= A->cuCtxAttach(&c2, 0) != CUDA_SUCCESS || c2 != c;
+            bad |= A->cuCtxDetach(c) != CUDA_SUCCESS;
+            bad |= A->cuCtxPushCurrent_v2(c) != CUDA_SUCCESS;
+            bad |= A->cuCtxDetach(c) != CUDA_SUCCESS;
+            break;
+        default:
+            if (A->cuDevicePrimaryCtxRetain(&c, 0) != CUDA_SUCCESS || A->cuCtxSetCurrent(c) != CUDA_SUCCESS) {
+                st->other++;
+                continue;
+            }
+            rc = A->cuMemAlloc_v2(&d, st->size);
+            if (rc == CUDA_SUCCESS)
+                bad |= A->cuMemFree_v2(d) != CUDA_SUCCESS;
+            bad |= A->cuDevicePrimaryCtxRelease_v2(0) != CUDA_SUCCESS;
+            break;
+        }
+        if (bad || (rc != CUDA_SUCCESS && rc != CUDA_ERROR_OUT_OF_MEMORY))
+            st->other++;
+        else if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+            st->oom++;
+        else
+            st->ok++;
+    }
+    return NULL;
+}
+
+static void storm(const struct cu_api *A, const char *name, void *(*worker)(void *), long t,
+                  unsigned long long n, unsigned long long size)
 {
     struct storm st[64];
     pthread_t th[64];
     unsigned long long ok = 0, oom = 0, other = 0;
 
     if (t < 1 || t > 64) {
-        fprintf(stderr, "client: vmmstorm takes 1..64 threads\n");
+        fprintf(stderr, "client: %s takes 1..64 threads\n", name);
         exit(2);
     }
     for (long i = 0; i < t; i++) {
         st[i] = (struct storm){ A, n, size, 0, 0, 0 };
-        pthread_create(&th[i], NULL, storm_worker, &st[i]);
+        pthread_create(&th[i], NULL, worker, &st[i]);
     }
     for (long i = 0; i < t; i++) {
         pthread_join(th[i], NULL);
@@ -162,7 +219,7 @@ static void vmm_storm(const struct cu_api *A, long t, unsigned long long n, unsi
         oom += st[i].oom;
         other += st[i].other;
     }
-    OUT("vmmstorm ok=%llu oom=%llu other=%llu", ok, oom, other);
+    OUT("%s ok=%llu oom=%llu other=%llu", name, ok, oom, other);
 }
 
 int client_ctx_op(const struct cu_api *A, const char *op, int argc, char **argv,
@@ -263,10 +320,10 @@ int client_ctx_op(const struct cu_api *A, const char *op, int argc, char **argv,
         OUT("retainh rc=%d slot=%llu same=%d", rc, new_slot(rc ? 0 : h), rc == CUDA_SUCCESS && h == g_va[k].h);
         return 2;
     }
-    if (!strcmp(op, "vmmstorm")) {
+    if (!strcmp(op, "vmmstorm") || !strcmp(op, "ctxstorm")) {
         long t = client_parse_long(ARG(0));
         unsigned long long n = client_parse_size(ARG(1));
-        vmm_storm(A, t, n, client_parse_size(ARG(2)));
+        storm(A, op, op[0] == 'v' ? storm_worker : ctx_worker, t, n, client_parse_size(ARG(2)));
         return 3;
     }
     return -1;
