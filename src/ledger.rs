@@ -297,7 +297,10 @@ pub fn live(kind: Kind) -> usize {
 
 static FORK_HANDLERS: AtomicBool = AtomicBool::new(false);
 
-fn install_fork_handlers() {
+/// Also called by modules whose locks are held while ledger locks are taken, before they register
+/// their own handlers: prepare handlers run in reverse order of registration, so theirs then take
+/// their lock before the ledger's, the order every thread takes them in.
+pub(crate) fn install_fork_handlers() {
     if FORK_HANDLERS.load(Ordering::Relaxed) || FORK_HANDLERS.swap(true, Ordering::AcqRel) {
         return;
     }

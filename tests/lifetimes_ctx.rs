@@ -252,3 +252,20 @@ fn racing_context_lifetimes_leave_the_ledger_equal_to_the_driver() {
         assert_eq!(out.nth("info", 0).num("free"), 24 * MIB, "{c}: every context took its charges along");
     }
 }
+
+#[test]
+fn forking_while_threads_end_contexts_and_allocations_never_hangs() {
+    // The context lock is held across driver calls and the VMM table's while ledger locks are
+    // taken: the fork handlers must take them in that order or a fork deadlocks (the run's
+    // timeout would kill it). Afterwards the ledger still equals the driver.
+    let out = Run::client("client_procaddr")
+        .env("VRAMCAP_LIMIT", "64m")
+        .timeout(std::time::Duration::from_secs(60))
+        .args(["init forkstorm 4 400 4m 60 ctx 0 info stats 0"])
+        .run();
+    out.ok();
+    let f = out.nth("forkstorm", 0);
+    assert_eq!((f.num("other"), f.num("bad_children")), (0, 0), "{}", out.stdout);
+    assert_eq!(out.nth("stats", 0).num("bytes_held"), 0);
+    assert_eq!(out.nth("info", 0).num("free"), 64 * MIB);
+}

@@ -57,8 +57,6 @@ fn ended(api: Hook, ctx: u64) {
     // The address may come back as another device's context.
     super::contexts_changed();
     release_context(api, ctx);
-    // Pools are the device's and outlive contexts; re-reading what they hold costs nothing here.
-    super::pool::refresh(None);
 }
 
 unsafe fn destroy(api: Hook, f: unsafe extern "C" fn(CUcontext) -> CUresult, ctx: CUcontext) -> CUresult {
@@ -223,15 +221,20 @@ unsafe fn primary_release(api: Hook, f: unsafe extern "C" fn(CUdevice) -> CUresu
     if mode() != Mode::Enforce {
         return unsafe { f(dev) };
     }
-    let _serial = serial();
+    let serial = serial();
     let ctx = guarded(0, || primary_of(dev));
     let rc = unsafe { f(dev) };
-    if rc == CUDA_SUCCESS {
-        guarded((), || {
-            if !primary_active(dev) {
+    let reset = rc == CUDA_SUCCESS
+        && guarded(false, || {
+            let gone = !primary_active(dev);
+            if gone {
                 ended(api, ctx);
             }
+            gone
         });
+    drop(serial);
+    if reset {
+        device_reset();
     }
     rc
 }
@@ -250,13 +253,26 @@ unsafe fn reset(api: Hook, f: unsafe extern "C" fn(CUdevice) -> CUresult, dev: C
     if mode() != Mode::Enforce {
         return unsafe { f(dev) };
     }
-    let _serial = serial();
+    let serial = serial();
     let ctx = guarded(0, || primary_of(dev));
     let rc = unsafe { f(dev) };
     if rc == CUDA_SUCCESS {
         guarded((), || ended(api, ctx));
     }
+    drop(serial);
+    if rc == CUDA_SUCCESS {
+        device_reset();
+    }
     rc
+}
+
+/// A primary context reset "cleans up all resources associated with the current device": whatever
+/// the driver did to the device's pools, re-read what they hold (outside our lock: pools have
+/// their own bookkeeping).
+fn device_reset() {
+    guarded((), || {
+        super::pool::refresh(None);
+    });
 }
 
 pub unsafe fn reset_v2(dev: CUdevice) -> CUresult {
@@ -283,6 +299,10 @@ fn install_fork_handlers() {
         USES.reset_in_child();
     }
     FORK_HANDLERS.call_once(|| unsafe {
+        // This lock is taken before ledger locks (the drain) and the VMM table's (never inside
+        // it): register after both, so that prepare takes it first.
+        ledger::install_fork_handlers();
+        super::handles::install_fork_handlers();
         libc::pthread_atfork(Some(prepare), Some(parent), Some(child));
     });
 }

@@ -346,7 +346,7 @@ pub fn imported(handle: u64) {
 
 static FORK_HANDLERS: std::sync::Once = std::sync::Once::new();
 
-fn install_fork_handlers() {
+pub(super) fn install_fork_handlers() {
     extern "C" fn prepare() {
         TABLE.acquire_for_fork();
     }
@@ -357,6 +357,8 @@ fn install_fork_handlers() {
         TABLE.reset_in_child();
     }
     FORK_HANDLERS.call_once(|| unsafe {
+        // The table's lock is taken before ledger locks: register after the ledger.
+        ledger::install_fork_handlers();
         libc::pthread_atfork(Some(prepare), Some(parent), Some(child));
     });
 }

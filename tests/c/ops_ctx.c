@@ -25,6 +25,10 @@
  *                                                       a new context then destroyed; a new one
  *                                                       attached and detached twice; the primary
  *                                                       context, retained, freed, released)
+ *   forkstorm T N SIZE K -> forkstorm ok=A oom=O other=E bad_children=B (T vmmstorm and T ctxstorm
+ *                                                       threads while the main thread forks K times;
+ *                                                       each child exits at once: no fork may hang on
+ *                                                       a lock another thread held)
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -33,6 +37,8 @@
 #include <string.h>
 
 #include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "client.h"
 
@@ -222,6 +228,40 @@ static void storm(const struct cu_api *A, const char *name, void *(*worker)(void
     OUT("%s ok=%llu oom=%llu other=%llu", name, ok, oom, other);
 }
 
+static void fork_storm(const struct cu_api *A, long t, unsigned long long n, unsigned long long size, long k)
+{
+    struct storm st[64];
+    pthread_t th[64];
+    unsigned long long ok = 0, oom = 0, other = 0;
+    long bad = 0;
+
+    if (t < 1 || t > 32) {
+        fprintf(stderr, "client: forkstorm takes 1..32 threads\n");
+        exit(2);
+    }
+    for (long i = 0; i < 2 * t; i++) {
+        st[i] = (struct storm){ A, n, size, 0, 0, 0 };
+        pthread_create(&th[i], NULL, i < t ? storm_worker : ctx_worker, &st[i]);
+    }
+    for (long i = 0; i < k; i++) {
+        int status = -1;
+        pid_t pid;
+
+        fflush(stdout);
+        if ((pid = fork()) == 0)
+            _exit(0);
+        if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            bad++;
+    }
+    for (long i = 0; i < 2 * t; i++) {
+        pthread_join(th[i], NULL);
+        ok += st[i].ok;
+        oom += st[i].oom;
+        other += st[i].other;
+    }
+    OUT("forkstorm ok=%llu oom=%llu other=%llu bad_children=%ld", ok, oom, other, bad);
+}
+
 int client_ctx_op(const struct cu_api *A, const char *op, int argc, char **argv,
                   unsigned long long (*new_slot)(unsigned long long),
                   unsigned long long (*slot)(const char *))
@@ -325,6 +365,12 @@ int client_ctx_op(const struct cu_api *A, const char *op, int argc, char **argv,
         unsigned long long n = client_parse_size(ARG(1));
         storm(A, op, op[0] == 'v' ? storm_worker : ctx_worker, t, n, client_parse_size(ARG(2)));
         return 3;
+    }
+    if (!strcmp(op, "forkstorm")) {
+        long t = client_parse_long(ARG(0));
+        unsigned long long n = client_parse_size(ARG(1)), size = client_parse_size(ARG(2));
+        fork_storm(A, t, n, size, client_parse_long(ARG(3)));
+        return 4;
     }
     return -1;
 #undef ARG
