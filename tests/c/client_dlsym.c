@@ -40,6 +40,7 @@ int main(int argc, char **argv)
 #undef GET
 #define GET(name, base, ver, flags) *(void **)&api.name = sym(#name);
     CLIENT_EXTRA(GET)
+    CLIENT_POOL(GET)
 #undef GET
     return client_run(&api, argc, argv);
 }

@@ -19,6 +19,7 @@ int main(int argc, char **argv)
         .cuDriverGetVersion = cuDriverGetVersion,
 #define SET(name, base, ver, flags) .name = name,
         CLIENT_EXTRA(SET)
+        CLIENT_POOL(SET)
 #undef SET
     };
     return client_run(&api, argc, argv);

@@ -57,6 +57,7 @@ int main(int argc, char **argv)
     /* flags 2 = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: the _ptsz variants. */
 #define GET(name, base, ver, flags) *(void **)&api.name = proc_flags(base, ver, flags);
     CLIENT_EXTRA(GET)
+    CLIENT_POOL(GET)
 #undef GET
     return client_run(&api, argc, argv);
 }
