@@ -24,6 +24,8 @@
  *   gexecfree E            -> gexecfree rc=N           (cuGraphExecDestroy)
  *   gmem DEV               -> gmem rc=N used=U reserved=R
  *   gtrim DEV              -> gtrim rc=N
+ *   asyncbench N SIZE      -> asyncbench ns_per_pair=X errors=E (N cuMemAllocAsync + cuMemFreeAsync
+ *                             pairs on the default stream, wall time; scripts/bench-async)
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -31,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "client.h"
 
@@ -345,6 +348,18 @@ int client_pool_op(const struct cu_api *api, const char *op, int argc, char **ar
     if (!strcmp(op, "gtrim")) {
         OUT("gtrim rc=%d", A->cuDeviceGraphMemTrim((CUdevice)n(ARG(0))));
         return 1;
+    }
+    if (!strcmp(op, "asyncbench")) {
+        unsigned long long pairs = n(ARG(0)), size = n(ARG(1)), errors = 0;
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        for (unsigned long long i = 0; i < pairs; i++)
+            if (A->cuMemAllocAsync(&p, size, NULL) != CUDA_SUCCESS || A->cuMemFreeAsync(p, NULL) != CUDA_SUCCESS)
+                errors++;
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double ns = (b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec);
+        OUT("asyncbench ns_per_pair=%.1f errors=%llu", pairs ? ns / (double)pairs : 0.0, errors);
+        return 2;
     }
     (void)slot;
     return -1;
