@@ -190,3 +190,18 @@ fn cuda_13_synchronize_is_wrapped_and_the_process_stays_quiet() {
         assert!(!out.stderr.contains("vramcap"), "{c}: a normal process prints nothing: {}", out.stderr);
     }
 }
+
+#[test]
+fn nvidia_cuda_bindings_pools_and_graphs_follow_the_lifetimes() {
+    // A real third-party client (NVIDIA's cuda-bindings, runtime-style lookups): destroyed pool
+    // with a live allocation, allocations from a thread without a context, a graph launch.
+    build_c();
+    let py = root().join(".venv/bin/python");
+    assert!(py.exists(), "{} missing: scripts/test creates it", py.display());
+    let out = Run::program(&py)
+        .env("VRAMCAP_LIMIT", "256m")
+        .args([root().join("tests/python/bindings_pools.py").to_str().unwrap()])
+        .run();
+    assert!(out.status.success(), "cuda-bindings pools failed:\n{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("bindings pools ok"), "{}", out.stdout);
+}
