@@ -1,6 +1,6 @@
 /*
- * graph.c - stream queries, stream capture, CUDA graphs and graph memory of
- * the fake driver.
+ * graph.c - CUDA graphs and graph memory of the fake driver (stream capture
+ * and stream queries: capture.c).
  *
  * The documented rules an interposer must get right, reproduced here:
  *  - a graph memory node allocates nothing when it is added or captured
@@ -64,9 +64,6 @@ static struct fc_gexec *g_execs;
 /* Graph allocations get fixed virtual addresses of their own (never dereferenced by tests). */
 static CUdeviceptr g_next_va = 0x7e0000000000ULL;
 
-#define CAPTURES 64
-static struct { CUstream s; CUgraph g; } g_cap[CAPTURES];
-
 static size_t round_gran(size_t n)
 {
     return (n + FC_GRANULARITY - 1) & ~(size_t)(FC_GRANULARITY - 1);
@@ -99,212 +96,15 @@ static int graph_ok(CUgraph g)
     return g && g->magic == GRAPH_MAGIC;
 }
 
-/* ------------------------------------------------------------ stream queries */
-
-static CUresult stream_device(CUstream s, CUdevice *device)
+/* For stream capture (capture.c): records a node; an allocation node's address, else 0. */
+CUdeviceptr fc_graph_add(CUgraph g, int type, int dev, size_t size, CUdeviceptr dptr)
 {
-    int dev;
-
-    if (!fc_initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!device)
-        return CUDA_ERROR_INVALID_VALUE;
-    if ((dev = fc_stream_dev(s)) < 0)
-        return (uintptr_t)s > 2 ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
-    *device = dev;
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device)
-{
-    FC_COUNT(cuStreamGetDevice);
-    return stream_device(hStream, device);
-}
-
-FC_API CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice *device)
-{
-    FC_COUNT(cuStreamGetDevice_ptsz);
-    return stream_device(hStream, device);
-}
-
-static CUresult stream_ctx(CUstream s, CUcontext *pctx, CUgreenCtx *green)
-{
-    struct fc_ctx *c;
-
-    if (!fc_initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!(c = fc_stream_ctx(s)))
-        return (uintptr_t)s > 2 ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
-    *pctx = c;
-    if (green)
-        *green = NULL;
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
-{
-    FC_COUNT(cuStreamGetCtx);
-    return stream_ctx(hStream, pctx, NULL);
-}
-
-FC_API CUresult cuStreamGetCtx_v2(CUstream hStream, CUcontext *pctx, CUgreenCtx *pGreenCtx)
-{
-    FC_COUNT(cuStreamGetCtx_v2);
-    return stream_ctx(hStream, pctx, pGreenCtx);
-}
-
-FC_API CUresult cuStreamGetCtx_v2_ptsz(CUstream hStream, CUcontext *pctx, CUgreenCtx *pGreenCtx)
-{
-    FC_COUNT(cuStreamGetCtx_v2_ptsz);
-    return stream_ctx(hStream, pctx, pGreenCtx);
-}
-
-/* ---------------------------------------------------------------- capture */
-
-/* Caller holds g_glock. The capture slot of a stream, or -1. */
-static int capture_of(CUstream s)
-{
-    if ((uintptr_t)s <= 2)
-        return -1;
-    for (int i = 0; i < CAPTURES; i++)
-        if (g_cap[i].s == s)
-            return i;
-    return -1;
-}
-
-static CUresult begin_capture(CUstream s)
-{
-    CUgraph g;
-    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
-
-    if (!fc_initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    /* The legacy default stream cannot be captured. */
-    if ((uintptr_t)s <= 2 || fc_stream_dev(s) < 0)
-        return (uintptr_t)s <= 2 ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_HANDLE;
-    if (cuGraphCreate(&g, 0) != CUDA_SUCCESS)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&g_glock);
-    if (capture_of(s) >= 0) {
-        rc = CUDA_ERROR_INVALID_VALUE;
-    } else {
-        for (int i = 0; i < CAPTURES; i++)
-            if (!g_cap[i].s) {
-                g_cap[i].s = s;
-                g_cap[i].g = g;
-                rc = CUDA_SUCCESS;
-                break;
-            }
-    }
-    pthread_mutex_unlock(&g_glock);
-    if (rc != CUDA_SUCCESS)
-        cuGraphDestroy(g);
-    return rc;
-}
-
-FC_API CUresult cuStreamBeginCapture(CUstream hStream)
-{
-    FC_COUNT(cuStreamBeginCapture);
-    return begin_capture(hStream);
-}
-
-FC_API CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
-{
-    FC_COUNT(cuStreamBeginCapture_ptsz);
-    return begin_capture(hStream);
-}
-
-FC_API CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode)
-{
-    (void)mode;
-    FC_COUNT(cuStreamBeginCapture_v2);
-    return begin_capture(hStream);
-}
-
-FC_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode)
-{
-    (void)mode;
-    FC_COUNT(cuStreamBeginCapture_v2_ptsz);
-    return begin_capture(hStream);
-}
-
-static CUresult end_capture(CUstream s, CUgraph *out)
-{
-    int i;
-
-    if (!fc_initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!out)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_glock);
-    if ((i = capture_of(s)) >= 0) {
-        *out = g_cap[i].g;
-        g_cap[i].s = NULL;
-        g_cap[i].g = NULL;
-    }
-    pthread_mutex_unlock(&g_glock);
-    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;   /* not capturing */
-}
-
-FC_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
-{
-    FC_COUNT(cuStreamEndCapture);
-    return end_capture(hStream, phGraph);
-}
-
-FC_API CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
-{
-    FC_COUNT(cuStreamEndCapture_ptsz);
-    return end_capture(hStream, phGraph);
-}
-
-static CUresult is_capturing(CUstream s, int *status)
-{
-    if (!fc_initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!status)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_glock);
-    *status = capture_of(s) >= 0 ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
-    pthread_mutex_unlock(&g_glock);
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus)
-{
-    FC_COUNT(cuStreamIsCapturing);
-    return is_capturing(hStream, captureStatus);
-}
-
-FC_API CUresult cuStreamIsCapturing_ptsz(CUstream hStream, int *captureStatus)
-{
-    FC_COUNT(cuStreamIsCapturing_ptsz);
-    return is_capturing(hStream, captureStatus);
-}
-
-int fc_capture_alloc(CUstream s, CUdeviceptr *dptr, size_t size, int dev)
-{
-    struct fc_gnode *n = NULL;
-    int i;
+    struct fc_gnode *n;
 
     pthread_mutex_lock(&g_glock);
-    if ((i = capture_of(s)) >= 0 && (n = add_node(g_cap[i].g, CU_GRAPH_NODE_TYPE_MEM_ALLOC, dev, round_gran(size), 0)))
-        *dptr = n->dptr;
+    n = graph_ok(g) ? add_node(g, type, dev, type == CU_GRAPH_NODE_TYPE_MEM_ALLOC ? round_gran(size) : 0, dptr) : NULL;
     pthread_mutex_unlock(&g_glock);
-    return i >= 0;
-}
-
-int fc_capture_free(CUstream s, CUdeviceptr dptr)
-{
-    int i;
-
-    pthread_mutex_lock(&g_glock);
-    if ((i = capture_of(s)) >= 0)
-        add_node(g_cap[i].g, CU_GRAPH_NODE_TYPE_MEM_FREE, -1, 0, dptr);
-    pthread_mutex_unlock(&g_glock);
-    return i >= 0;
+    return n && type == CU_GRAPH_NODE_TYPE_MEM_ALLOC ? n->dptr : 0;
 }
 
 /* ------------------------------------------------------------------ graphs */

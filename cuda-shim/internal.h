@@ -101,6 +101,7 @@ struct fc_ctx *fc_stream_ctx(CUstream s);   /* NULL: bad stream or no context */
 int fc_capture_alloc(CUstream s, CUdeviceptr *dptr, size_t size, int dev);
 int fc_capture_free(CUstream s, CUdeviceptr dptr);
 int fc_graph_mem_free(CUdeviceptr dptr);
+CUdeviceptr fc_graph_add(CUgraph g, int type, int dev, size_t size, CUdeviceptr dptr);
 #define FC_GRANULARITY (2ULL << 20)
 
 #endif
