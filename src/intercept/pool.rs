@@ -26,6 +26,8 @@ use crate::events::Op;
 use crate::ffi::*;
 use crate::hooks::{Hook, import, real};
 use crate::ledger::{self, Charge, Kind};
+use crate::sync::Lock;
+use std::collections::HashSet;
 use std::ffi::{c_int, c_void};
 
 /// Pools grow in multiples of the allocation granularity (2 MiB on every current GPU).
@@ -103,6 +105,28 @@ fn adopt(handle: u64) -> Option<(usize, &'static Pool)> {
     None
 }
 
+/// Pools of memory that is not device memory (host locations): never charged, never denied.
+static HOST_POOLS: Lock<Option<HashSet<u64>>> = Lock::new(None);
+
+static HOST_POOLS_FORK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn host_pools_in_child() {
+    HOST_POOLS.reset_in_child();
+}
+
+fn host_pool(handle: u64, add: Option<bool>) -> bool {
+    if add == Some(true) && !HOST_POOLS_FORK.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        // A fork while another thread holds the lock must not leave the child's copy locked.
+        unsafe { libc::pthread_atfork(None, None, Some(host_pools_in_child)) };
+    }
+    let mut g = HOST_POOLS.lock();
+    match add {
+        Some(true) => g.get_or_insert_with(HashSet::new).insert(handle),
+        Some(false) => g.as_mut().is_some_and(|s| s.remove(&handle)),
+        None => g.as_ref().is_some_and(|s| s.contains(&handle)),
+    }
+}
+
 fn is_capturing(stream: CUstream) -> bool {
     let Some(f) = import::cuStreamIsCapturing() else { return false };
     let mut status: c_int = 0;
@@ -111,7 +135,8 @@ fn is_capturing(stream: CUstream) -> bool {
 
 enum Plan {
     Deny(CUresult, i32, u64),
-    /// Captured into a graph: nothing is allocated now (the graph's launch is charged).
+    /// Not device memory now: captured into a graph (the graph's launch is charged) or a host
+    /// pool's.
     Forward,
     /// Call the driver; `reserved` bytes are held against the cap until the pool is settled.
     Go { slot: usize, pool: &'static Pool, dev: usize, reserved: u64 },
@@ -122,7 +147,11 @@ fn plan(api: Hook, pool: Option<u64>, stream: CUstream, size: u64) -> Plan {
         return Plan::Deny(e.code(), -1, 0);
     }
     let found = match pool {
-        Some(h) => table::find(h).or_else(|| adopt(h)),
+        Some(h) => match table::find(h) {
+            Some(f) => Some(f),
+            None if host_pool(h, None) => return Plan::Forward,
+            None => adopt(h),
+        },
         None => {
             let dev = match stream_device(stream) {
                 Ok(d) => d,
@@ -301,11 +330,20 @@ pub unsafe fn set_attribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void)
     rc
 }
 
-/// A pool handed to the application: registered on the device it belongs to.
-fn handed_out(rc: CUresult, pool: *mut CUmemoryPool, dev: c_int) {
-    if rc == CUDA_SUCCESS && !pool.is_null() && dev >= 0 && mode() == Mode::Enforce {
+/// A pool handed to the application: registered on the device it belongs to (`None`: a pool of
+/// host memory, remembered as such).
+fn handed_out(rc: CUresult, pool: *mut CUmemoryPool, dev: Option<c_int>) {
+    if rc == CUDA_SUCCESS && !pool.is_null() && mode() == Mode::Enforce {
         guarded((), || {
-            table::register(unsafe { *pool } as u64, dev as usize);
+            let h = unsafe { *pool } as u64;
+            match dev {
+                Some(d) if d >= 0 => {
+                    table::register(h, d as usize);
+                }
+                _ => {
+                    host_pool(h, Some(true));
+                }
+            }
         });
     }
 }
@@ -313,14 +351,14 @@ fn handed_out(rc: CUresult, pool: *mut CUmemoryPool, dev: c_int) {
 pub unsafe fn default_pool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
     let Some(f) = real::cuDeviceGetDefaultMemPool() else { return MISSING_REAL };
     let rc = unsafe { f(pool, dev) };
-    handed_out(rc, pool, dev);
+    handed_out(rc, pool, Some(dev));
     rc
 }
 
 pub unsafe fn current_pool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
     let Some(f) = real::cuDeviceGetMemPool() else { return MISSING_REAL };
     let rc = unsafe { f(pool, dev) };
-    handed_out(rc, pool, dev);
+    handed_out(rc, pool, Some(dev));
     rc
 }
 
@@ -337,9 +375,7 @@ fn location_device(loc: *const CUmemLocation) -> Option<c_int> {
 pub unsafe fn location_default_pool(pool: *mut CUmemoryPool, loc: *mut CUmemLocation, kind: c_int) -> CUresult {
     let Some(f) = real::cuMemGetDefaultMemPool() else { return MISSING_REAL };
     let rc = unsafe { f(pool, loc, kind) };
-    if let Some(dev) = guarded(None, || location_device(loc)) {
-        handed_out(rc, pool, dev);
-    }
+    handed_out(rc, pool, guarded(None, || location_device(loc)));
     rc
 }
 
@@ -347,9 +383,7 @@ pub unsafe fn location_default_pool(pool: *mut CUmemoryPool, loc: *mut CUmemLoca
 pub unsafe fn location_current_pool(pool: *mut CUmemoryPool, loc: *mut CUmemLocation, kind: c_int) -> CUresult {
     let Some(f) = real::cuMemGetMemPool() else { return MISSING_REAL };
     let rc = unsafe { f(pool, loc, kind) };
-    if let Some(dev) = guarded(None, || location_device(loc)) {
-        handed_out(rc, pool, dev);
-    }
+    handed_out(rc, pool, guarded(None, || location_device(loc)));
     rc
 }
 
@@ -357,11 +391,8 @@ pub unsafe fn create(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> C
     let Some(f) = real::cuMemPoolCreate() else { return MISSING_REAL };
     let rc = unsafe { f(pool, props) };
     if !props.is_null() {
-        // Pools of host memory are not device memory: never registered, never charged.
-        let dev = guarded(None, || location_device(unsafe { &(*props).location }));
-        if let Some(dev) = dev {
-            handed_out(rc, pool, dev);
-        }
+        // Pools of host memory are not device memory: never charged.
+        handed_out(rc, pool, guarded(None, || location_device(unsafe { &(*props).location })));
     }
     rc
 }
@@ -384,6 +415,11 @@ pub unsafe fn destroy(pool: CUmemoryPool) -> CUresult {
         Some((p, rc == CUDA_SUCCESS && used > 0))
     });
     let rc = unsafe { f(pool) };
+    if rc == CUDA_SUCCESS {
+        guarded((), || {
+            host_pool(pool as u64, Some(false));
+        });
+    }
     if rc == CUDA_SUCCESS
         && let Some((p, driver_live)) = before
     {

@@ -148,16 +148,23 @@ pub fn register(handle: u64, dev: usize) -> Option<(usize, &'static Pool)> {
     }
 }
 
+/// Marks a tag: bit 63 is never set in a user-space address, so a tag stored where entries of
+/// other kinds keep their context can never be mistaken for a context.
+const TAGGED: u64 = 1 << 63;
+
 /// What an allocation's ledger entry remembers of its pool (the slot and its generation).
 pub fn tag(i: usize, p: &Pool) -> u64 {
-    (p.generation.load(Ordering::Acquire) as u64) << 32 | (i as u64 + 1)
+    TAGGED | (p.generation.load(Ordering::Acquire) as u64 & 0x7fff_ffff) << 32 | (i as u64 + 1)
 }
 
 /// The pool an allocation's entry names, if that slot still holds the same pool.
 pub fn by_tag(tag: u64) -> Option<&'static Pool> {
+    if tag & TAGGED == 0 {
+        return None;
+    }
     let i = (tag & 0xffff_ffff).checked_sub(1)? as usize;
     let p = slot(i)?;
-    (p.generation.load(Ordering::Acquire) as u64 == tag >> 32).then_some(p)
+    (p.generation.load(Ordering::Acquire) as u64 & 0x7fff_ffff == (tag & !TAGGED) >> 32).then_some(p)
 }
 
 fn attribute(handle: u64, attr: c_int) -> Option<u64> {
