@@ -210,18 +210,31 @@ pub unsafe fn exec_destroy(exec: CUgraphExec) -> CUresult {
     rc
 }
 
+/// Devices one launch can reserve on without allocating (more are never needed in practice;
+/// a graph spanning more devices reserves on the first ones and settles all).
+const LAUNCH_DEVICES: usize = 16;
+
 enum Plan {
     Deny(CUresult, i32, u64, u64),
-    /// Call the driver, then settle these devices giving back what was reserved on each.
-    Go(Needs),
+    /// Call the driver, then settle: the devices reserved on (with what each got), or every
+    /// device when the executable graph is unknown.
+    Go { reserved: [(u16, u64); LAUNCH_DEVICES], n: usize, all: bool },
 }
 
 fn plan(api: Hook, exec: CUgraphExec) -> Plan {
-    let need = EXECS.lock().as_ref().and_then(|m| m.get(&(exec as u64)).cloned());
+    let mut want = [(0u16, 0u64); LAUNCH_DEVICES];
+    let mut n = 0;
+    let known = EXECS.lock().as_ref().and_then(|m| m.get(&(exec as u64))).map(|need| {
+        for &(d, b) in need.iter().take(LAUNCH_DEVICES) {
+            want[n] = (d, b);
+            n += 1;
+        }
+        need.len() > LAUNCH_DEVICES
+    });
     if mode() == Mode::FailClosed {
-        return match need {
+        return match known {
             Some(_) => Plan::Deny(CUDA_ERROR_NOT_PERMITTED, -1, 0, 0),
-            None => Plan::Go(Vec::new()),
+            None => Plan::Go { reserved: want, n: 0, all: false },
         };
     }
     if let Err(e) = ensure_limits() {
@@ -229,21 +242,20 @@ fn plan(api: Hook, exec: CUgraphExec) -> Plan {
     }
     // An executable graph we did not see instantiated: nothing to reserve, the charge follows
     // the devices' reservations right after the launch.
-    let Some(need) = need else {
-        return Plan::Go(devices(None).map(|d| (d as u16, 0)).collect());
+    let Some(more) = known else {
+        return Plan::Go { reserved: want, n: 0, all: true };
     };
-    let mut done: Needs = Vec::with_capacity(need.len());
-    for &(d, bytes) in &need {
+    for i in 0..n {
+        let (d, bytes) = want[i];
         if let Err(denied) = super::pressure::reserve(d as usize, bytes) {
-            for &(u, b) in &done {
+            for &(u, b) in &want[..i] {
                 ledger::release(u as usize, b);
             }
             crate::log::denied(crate::hooks::info(api).name, d as usize, bytes, denied.used, denied.limit);
             return Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, d as i32, bytes, denied.used);
         }
-        done.push((d, bytes));
     }
-    Plan::Go(done)
+    Plan::Go { reserved: want, n, all: more }
 }
 
 /// A launch or upload: reserve what the graph may allocate, call once, settle.
@@ -256,14 +268,20 @@ fn launched(api: Hook, exec: CUgraphExec, call: impl FnOnce() -> CUresult) -> CU
             emit(Op::Deny, api, dev, exec as u64, size, Timed::instant(rc), used);
             rc
         }
-        Plan::Go(reserved) => {
+        Plan::Go { reserved, n, all } => {
             let t = timed(call);
             guarded((), || {
-                for &(d, bytes) in &reserved {
-                    let delta = settle(d as usize, bytes);
+                let settled = |d: usize, bytes: u64| {
+                    let delta = settle(d, bytes);
                     if delta > 0 {
-                        emit(Op::Alloc, api, d as i32, exec as u64, delta as u64, t, ledger::used(d as usize));
+                        emit(Op::Alloc, api, d as i32, exec as u64, delta as u64, t, ledger::used(d));
                     }
+                };
+                for &(d, bytes) in &reserved[..n] {
+                    settled(d as usize, bytes);
+                }
+                if all {
+                    devices(None).for_each(|d| settled(d, 0));
                 }
                 if t.rc != CUDA_SUCCESS {
                     emit(Op::Fail, api, -1, exec as u64, 0, t, 0);

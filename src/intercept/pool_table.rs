@@ -22,6 +22,8 @@ const TOMBSTONE: u64 = u64::MAX;
 /// Marks a destroyed pool whose allocations are still live. Pool handles are addresses (below
 /// 2^63), so a marked handle can never equal a live one.
 const ORPHAN: u64 = 1 << 63;
+/// A slot being filled in by the thread that claimed it (matches no handle, orphan or not).
+const CLAIMING: u64 = u64::MAX - 1;
 
 pub struct Pool {
     handle: AtomicU64,
@@ -127,12 +129,14 @@ pub fn register(handle: u64, dev: usize) -> Option<(usize, &'static Pool)> {
     loop {
         let p = slot_or_grow(i)?;
         let cur = p.handle.load(Ordering::Acquire);
-        if (cur == 0 || cur == TOMBSTONE) && p.handle.compare_exchange(cur, handle, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        if (cur == 0 || cur == TOMBSTONE) && p.handle.compare_exchange(cur, CLAIMING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            // Filled in while no lookup can match the slot, then published with the handle.
             p.generation.fetch_add(1, Ordering::AcqRel);
             p.charged.store(0, Ordering::Release);
             p.live.store(0, Ordering::Release);
             p.dev.store(dev as u32 + 1, Ordering::Release);
             USED.fetch_max(i + 1, Ordering::AcqRel);
+            p.handle.store(handle, Ordering::Release);
             // A racing registration of the same handle may have claimed an earlier slot: the
             // lowest slot wins, so both racers agree and the pool is charged once.
             if let Some((j, first)) = find(handle)
@@ -220,10 +224,7 @@ pub fn any() -> bool {
 /// Marks a pool destroyed. With allocations still live it becomes an orphan that keeps its
 /// charge; otherwise its charge is released now. Returns the bytes released.
 pub fn destroyed(p: &Pool) -> u64 {
-    let h = p.handle.load(Ordering::Acquire);
-    if h == 0 || h == TOMBSTONE || h & ORPHAN != 0 {
-        return 0;
-    }
+    let Some(h) = p.handle() else { return 0 };
     p.handle.store(h | ORPHAN, Ordering::Release);
     if p.live.load(Ordering::Acquire) == 0 { finish_orphan(p, h | ORPHAN) } else { 0 }
 }
@@ -235,8 +236,7 @@ pub fn freed_one(p: &Pool) -> u64 {
         .live
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)))
         .unwrap_or(0);
-    let h = p.handle.load(Ordering::Acquire);
-    if before <= 1 && h != TOMBSTONE && h & ORPHAN != 0 { finish_orphan(p, h) } else { 0 }
+    if before <= 1 && is_orphan(p) { finish_orphan(p, p.handle.load(Ordering::Acquire)) } else { 0 }
 }
 
 pub fn live(p: &Pool) -> u64 {
@@ -261,7 +261,7 @@ fn finish_orphan(p: &Pool, marked: u64) -> u64 {
 /// Orphans still holding memory (for trims: the driver no longer takes their handle).
 pub fn is_orphan(p: &Pool) -> bool {
     let h = p.handle.load(Ordering::Acquire);
-    h != TOMBSTONE && h & ORPHAN != 0
+    h != TOMBSTONE && h != CLAIMING && h & ORPHAN != 0
 }
 
 #[cfg(test)]
