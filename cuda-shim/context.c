@@ -437,6 +437,7 @@ FC_API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 struct fc_stream {
     unsigned int magic;
     int dev;
+    struct fc_ctx *ctx;     /* cuStreamGetCtx */
 };
 
 FC_API CUresult cuStreamCreate(CUstream *phStream, unsigned int flags)
@@ -456,6 +457,7 @@ FC_API CUresult cuStreamCreate(CUstream *phStream, unsigned int flags)
         return CUDA_ERROR_OUT_OF_MEMORY;
     s->magic = STREAM_MAGIC;
     s->dev = c->dev;
+    s->ctx = c;
     *phStream = s;
     return CUDA_SUCCESS;
 }
@@ -510,12 +512,21 @@ FC_API CUresult cuStreamSynchronize_ptsz(CUstream hStream)
     return stream_sync(hStream);
 }
 
-/* The device a stream belongs to (NULL: the current context's), or -1. */
+/* The device a stream belongs to (NULL and the legacy/per-thread default stream handles: the
+ * current context's), or -1. */
 int fc_stream_dev(CUstream s)
 {
     struct fc_ctx *c;
 
-    if (s)
+    if ((uintptr_t)s > 2)
         return s->magic == STREAM_MAGIC ? s->dev : -1;
     return (c = fc_current_ctx()) ? c->dev : -1;
+}
+
+/* The context a stream belongs to (default streams: the current one), or NULL. */
+struct fc_ctx *fc_stream_ctx(CUstream s)
+{
+    if ((uintptr_t)s > 2)
+        return s->magic == STREAM_MAGIC ? s->ctx : NULL;
+    return fc_current_ctx();
 }

@@ -101,6 +101,13 @@ void fc_arrays_ctx_gone(struct fc_ctx *c);     /* vmm.c: arrays made in c */
 /* Pools (pool.c): give back what exceeds each pool's release threshold (at synchronize). */
 void fc_pools_sync(int dev);
 int fc_stream_dev(CUstream s);              /* -1: bad stream or no context */
+struct fc_ctx *fc_stream_ctx(CUstream s);   /* NULL: bad stream or no context */
+/* Graphs (graph.c): an allocation or free on a capturing stream becomes a graph node (returns 1);
+ * graph memory a launch left allocated is freed by cuMemFreeAsync (returns 1 if dptr was one). */
+int fc_capture_alloc(CUstream s, CUdeviceptr *dptr, size_t size, int dev);
+int fc_capture_free(CUstream s, CUdeviceptr dptr);
+int fc_graph_mem_free(CUdeviceptr dptr);
+CUdeviceptr fc_graph_add(CUgraph g, int type, int dev, size_t size, CUdeviceptr dptr);
 #define FC_GRANULARITY (2ULL << 20)
 
 #endif

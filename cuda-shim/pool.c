@@ -7,9 +7,18 @@
  *    cuMemFreeAsync);
  *  - at a synchronize a pool gives back free segments above its release
  *    threshold (default pools: threshold 0, so everything free goes back);
- *  - cuMemPoolTrimTo gives back free segments down to the bytes to keep.
- * Work is synchronous, so "stream order" is program order. Each segment
- * serves one allocation at a time (first fit), enough to model reuse.
+ *  - cuMemPoolTrimTo gives back free segments down to the bytes to keep;
+ *  - a pool destroyed while allocations from it are live returns at once, but
+ *    (as documented) its resources are released only once no allocation from
+ *    it is outstanding: the last cuMemFreeAsync gives back everything;
+ *  - stream-ordered memory belongs to the stream's device (or the explicit
+ *    pool's location), whatever context is current; a thread with no current
+ *    context can allocate on an explicit stream;
+ *  - fragmentation: each segment serves one allocation at a time (first fit),
+ *    so a request can grow the pool although the free bytes would add up to it;
+ *  - an allocation on a capturing stream allocates nothing: it becomes a graph
+ *    memory node (graph.c), allocated when the graph is launched.
+ * Work is synchronous, so "stream order" is program order.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -18,6 +27,7 @@
 #include "internal.h"
 
 #define POOL_MAGIC 0x504f4f4cU
+#define POOL_DEAD  0x44454144U   /* destroyed, allocations still live */
 
 struct seg {
     void *mem;
@@ -84,7 +94,7 @@ void fc_pools_sync(int dev)
 {
     pthread_mutex_lock(&g_lock);
     for (struct fc_pool *p = g_pools; p; p = p->next)
-        if (p->dev == dev)
+        if (p->dev == dev && p->magic == POOL_MAGIC)
             trim(p, p->threshold);
     pthread_mutex_unlock(&g_lock);
 }
@@ -103,6 +113,8 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, struct fc_pool *p, CU
         return stream ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
     if ((rc = fc_mem_inject()) != 0)
         return rc;
+    if (fc_capture_alloc(stream, dptr, size, dev))
+        return CUDA_SUCCESS;
     pthread_mutex_lock(&g_lock);
     if (!p)
         p = g_current[dev] ? g_current[dev] : default_pool(dev);
@@ -150,6 +162,8 @@ static CUresult pool_free(CUdeviceptr dptr, CUstream stream)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (stream && fc_stream_dev(stream) < 0)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (fc_capture_free(stream, dptr))
+        return CUDA_SUCCESS;
     pthread_mutex_lock(&g_lock);
     for (struct fc_pool *p = g_pools; p && rc != CUDA_SUCCESS; p = p->next)
         for (struct seg *s = p->segs; s; s = s->next)
@@ -157,9 +171,15 @@ static CUresult pool_free(CUdeviceptr dptr, CUstream stream)
                 p->used -= s->used;
                 s->used = 0;        /* stays reserved until a sync or trim */
                 rc = CUDA_SUCCESS;
+                /* A destroyed pool's resources go once nothing from it is outstanding. */
+                if (p->magic == POOL_DEAD && p->used == 0)
+                    trim(p, 0);
                 break;
             }
     pthread_mutex_unlock(&g_lock);
+    /* Graph memory a launched graph left allocated, freed outside the graph. */
+    if (rc != CUDA_SUCCESS && fc_graph_mem_free(dptr))
+        rc = CUDA_SUCCESS;
     return rc;
 }
 
@@ -245,8 +265,10 @@ FC_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     return CUDA_SUCCESS;
 }
 
-/* Destroying a pool gives back all its free memory; the struct stays in the
- * registry (marked dead) so a stale handle is detected. */
+/* Destroying a pool with nothing outstanding gives back all its memory; with
+ * live allocations it returns at once and the memory stays until the last of
+ * them is freed (pool_free). The struct stays in the registry (marked dead) so
+ * a stale handle is detected. */
 FC_API CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
@@ -256,8 +278,12 @@ FC_API CUresult cuMemPoolDestroy(CUmemoryPool pool)
         return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&g_lock);
     if (pool_valid(pool) && pool != &g_default[pool->dev]) {
-        trim(pool, 0);
-        pool->magic = 0;
+        if (pool->used == 0) {
+            trim(pool, 0);
+            pool->magic = 0;
+        } else {
+            pool->magic = POOL_DEAD;
+        }
         rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g_lock);
@@ -318,6 +344,63 @@ FC_API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
         trim(pool, minBytesToKeep);
     else
         rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* CUDA 12.5+ (cuCtxSynchronize_v2 is CUDA 13): synchronize a named context (NULL: the current
+ * one); like cuCtxSynchronize, pools of its device give back what exceeds their thresholds. */
+FC_API CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    struct fc_ctx *c = ctx ? ctx : fc_current_ctx();
+
+    FC_COUNT(cuCtxSynchronize_v2);
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    fc_pools_sync(c->dev);
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 13: the pool of a location (devices only here). */
+static CUresult location_pool(CUmemoryPool *pool, const CUmemLocation *loc, int type, int current)
+{
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pool || !loc || type != CU_MEM_ALLOCATION_TYPE_PINNED || loc->type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(loc->id))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    *pool = current && g_current[loc->id] ? g_current[loc->id] : default_pool(loc->id);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool, CUmemLocation *location, int type)
+{
+    FC_COUNT(cuMemGetDefaultMemPool);
+    return location_pool(pool, location, type, 0);
+}
+
+FC_API CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, int type)
+{
+    FC_COUNT(cuMemGetMemPool);
+    return location_pool(pool, location, type, 1);
+}
+
+FC_API CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    CUresult rc = CUDA_SUCCESS;
+
+    FC_COUNT(cuDeviceSetMemPool);
+    DEV_CHECK(pool, dev);
+    pthread_mutex_lock(&g_lock);
+    if (!pool_valid(pool) || pool->dev != dev)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else
+        g_current[dev] = pool;
     pthread_mutex_unlock(&g_lock);
     return rc;
 }

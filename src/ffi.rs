@@ -118,3 +118,37 @@ pub struct nvmlMemory_v2_t {
     pub free: u64,
     pub used: u64,
 }
+
+// Streams, graphs and graph memory (stream-ordered memory that a graph launch allocates).
+pub type CUgraph = *mut c_void;
+pub type CUgraphNode = *mut c_void;
+pub type CUgraphExec = *mut c_void;
+pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: c_int = 1;
+/// `CUgraphNodeType` of a memory allocation node.
+pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+/// `CUgraphMem_attribute`: bytes the device's graph memory currently reserves.
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+
+/// `CUmemPoolProps` in full (88 bytes: the trailing fields are reserved or unused by us).
+#[repr(C)]
+pub struct CUmemPoolPropsFull {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location: CUmemLocation,
+    pub win32_security_attributes: *mut c_void,
+    pub max_size: usize,
+    pub usage: u16,
+    pub reserved: [u8; 54],
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1), filled by `cuGraphMemAllocNodeGetParams`.
+#[repr(C)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    pub pool_props: CUmemPoolPropsFull,
+    pub access_descs: *const c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
+const _: () = assert!(std::mem::size_of::<CUmemPoolPropsFull>() == 88);
+const _: () = assert!(std::mem::size_of::<CUDA_MEM_ALLOC_NODE_PARAMS>() == 120);

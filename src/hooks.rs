@@ -7,7 +7,7 @@
 
 use crate::dl::Slot;
 use crate::ffi::*;
-use crate::intercept::{arrays, context, host, init, mem, nvml, pool, procaddr, vmm};
+use crate::intercept::{arrays, context, graph, host, init, mem, nvml, pool, procaddr, vmm};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,6 +196,41 @@ hook_table! {
     Cuda "cuStreamSynchronize" 7000 true
         fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult => pool::stream_sync_ptsz;
     Cuda "cuCtxSynchronize" 2000 false fn cuCtxSynchronize() -> CUresult => pool::ctx_sync;
+    Cuda "cuCtxSynchronize" 13000 false fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult => pool::ctx_sync_v2;
+    /// Every way to learn a device's pool registers that pool on the right device.
+    Cuda "cuDeviceGetMemPool" 11020 false
+        fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult => pool::current_pool;
+    Cuda "cuMemGetDefaultMemPool" 13000 false
+        fn cuMemGetDefaultMemPool(pool: *mut CUmemoryPool, loc: *mut CUmemLocation, kind: c_int) -> CUresult
+            => pool::location_default_pool;
+    Cuda "cuMemGetMemPool" 13000 false
+        fn cuMemGetMemPool(pool: *mut CUmemoryPool, loc: *mut CUmemLocation, kind: c_int) -> CUresult
+            => pool::location_current_pool;
+
+    // Graph memory: allocated at launch; each device's graph-memory reservation is charged.
+    Cuda "cuGraphInstantiate" 10000 false
+        fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char,
+            size: usize) -> CUresult => graph::instantiate_v1;
+    Cuda "cuGraphInstantiate" 11000 false
+        fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char,
+            size: usize) -> CUresult => graph::instantiate_v2;
+    Cuda "cuGraphInstantiateWithFlags" 11040 false
+        fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult
+            => graph::instantiate_with_flags;
+    Cuda "cuGraphInstantiateWithParams" 12000 false
+        fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CUresult
+            => graph::instantiate_with_params;
+    Cuda "cuGraphInstantiateWithParams" 12000 true
+        fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void)
+            -> CUresult => graph::instantiate_with_params_ptsz;
+    Cuda "cuGraphLaunch" 10000 false fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => graph::launch;
+    Cuda "cuGraphLaunch" 10000 true
+        fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => graph::launch_ptsz;
+    Cuda "cuGraphUpload" 11010 false fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult => graph::upload;
+    Cuda "cuGraphUpload" 11010 true
+        fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => graph::upload_ptsz;
+    Cuda "cuGraphExecDestroy" 10000 false fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult => graph::exec_destroy;
+    Cuda "cuDeviceGraphMemTrim" 11040 false fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult => graph::mem_trim;
 
     // Arrays: bytes from the descriptor.
     Cuda "cuArrayCreate" 3020 false
@@ -264,11 +299,21 @@ import_table! {
     Cuda fn cuDeviceGet(*mut CUdevice, c_int) -> CUresult;
     Cuda fn cuDeviceGetUuid(*mut [u8; 16], CUdevice) -> CUresult;
     Cuda fn cuCtxGetCurrent(*mut CUcontext) -> CUresult;
-    Cuda fn cuDeviceGetMemPool(*mut CUmemoryPool, CUdevice) -> CUresult;
     Cuda fn cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
     Cuda fn cuDevicePrimaryCtxGetState(CUdevice, *mut c_uint, *mut c_int) -> CUresult;
     Cuda fn cuDevicePrimaryCtxRetain(*mut CUcontext, CUdevice) -> CUresult;
     Cuda fn cuDevicePrimaryCtxRelease_v2(CUdevice) -> CUresult;
+    // Stream-ordered and graph memory: which device a stream is on, what a graph allocates.
+    Cuda fn cuStreamGetDevice(CUstream, *mut CUdevice) -> CUresult;
+    Cuda fn cuStreamGetCtx(CUstream, *mut CUcontext) -> CUresult;
+    Cuda fn cuCtxGetDevice_v2(*mut CUdevice, CUcontext) -> CUresult;
+    Cuda fn cuCtxPushCurrent_v2(CUcontext) -> CUresult;
+    Cuda fn cuCtxPopCurrent_v2(*mut CUcontext) -> CUresult;
+    Cuda fn cuStreamIsCapturing(CUstream, *mut c_int) -> CUresult;
+    Cuda fn cuGraphGetNodes(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult;
+    Cuda fn cuGraphNodeGetType(CUgraphNode, *mut c_int) -> CUresult;
+    Cuda fn cuGraphMemAllocNodeGetParams(CUgraphNode, *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
+    Cuda fn cuDeviceGetGraphMemAttribute(CUdevice, c_int, *mut c_void) -> CUresult;
     Nvml fn nvmlDeviceGetUUID(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
 }
 

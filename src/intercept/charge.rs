@@ -41,12 +41,9 @@ fn plan(api: Hook, target: Target, size: u64) -> Plan {
             None => return Plan::Forward,
         },
     };
-    // A pool may have given memory back since we last looked (a synchronize we did not see):
-    // re-read before refusing.
-    match ledger::reserve(dev, size).or_else(|_| {
-        super::pool::refresh_device(dev);
-        ledger::reserve(dev, size)
-    }) {
+    // Before refusing, relieve the pressure the driver would feel on a full device: this
+    // process's pools and graph memory give back what they hold unused.
+    match super::pressure::reserve(dev, size) {
         Ok(()) => Plan::Charged(dev, ctx),
         Err(d) => {
             let scope = if d.group { crate::group::name() } else { None };

@@ -6,11 +6,14 @@ pub mod arrays;
 pub mod charge;
 pub mod context;
 pub mod handles;
+pub mod graph;
 pub mod host;
 pub mod init;
 pub mod mem;
 pub mod nvml;
 pub mod pool;
+pub mod pool_table;
+pub mod pressure;
 pub mod procaddr;
 pub mod vmm;
 

@@ -1,155 +1,183 @@
 //! Stream-ordered allocation (`cuMemAllocAsync` and friends): a pool is charged what it really
-//! reserves on its device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`), not what the application
-//! currently holds. A pool that keeps freed memory (release threshold raised, as PyTorch's and
-//! TensorFlow's async allocators do) stays charged; a trim, or a synchronize after which a pool
-//! with a low threshold gave memory back, releases the charge. Reserved bytes are re-read before and
-//! after every allocation, free and trim, after synchronizes, and whenever a report or a denial
-//! depends on them.
+//! reserves on its device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`, [`pool_table`]), not what the
+//! application currently holds. A pool that keeps freed memory (release threshold raised, as
+//! PyTorch's and TensorFlow's async allocators do) stays charged until it gives memory back.
 //!
-//! A request the pool can serve from memory it already holds is never denied; one that would grow
-//! the pool reserves the growth (rounded to the 2 MiB allocation granularity) against the cap
-//! before the driver is asked, and is denied with `CUDA_ERROR_OUT_OF_MEMORY` if that does not fit.
-//! Known limit: a pool whose free memory is fragmented may grow although it reported enough free
-//! bytes; the charge follows the real reserved bytes right after the call.
+//! Every allocation reserves its size (rounded up to the 2 MiB granularity) against the cap
+//! before the driver is asked, whether or not the pool looks like it could serve it from free
+//! memory (a fragmented pool grows although its free bytes add up), and settles to the pool's
+//! real growth right after, in one step. Concurrent allocations therefore can never together
+//! pass the cap. Before a denial, the memory pressure the driver would feel on a full device is
+//! applied ([`pressure`](super::pressure)): this process's pools and graph memory are trimmed and
+//! re-read first.
+//!
+//! Which device: the explicit pool's, or the device of the stream (`cuStreamGetDevice`, else
+//! `cuStreamGetCtx`; the legacy and per-thread default streams mean the current context), never
+//! the caller's current context as such. A thread with no current context allocating on another
+//! context's stream is charged like any other.
+//!
+//! [`pool_table`]: super::pool_table
 
 use super::charge::{Timed, emit, timed};
 use super::init::ensure_limits;
-use super::{MISSING_REAL, Mode, current_context, current_device, guarded, mode};
+use super::pool_table::{self as table, Pool};
+use super::{MISSING_REAL, Mode, guarded, mode};
 use crate::events::Op;
 use crate::ffi::*;
 use crate::hooks::{Hook, import, real};
 use crate::ledger::{self, Charge, Kind};
+use crate::sync::Lock;
+use std::collections::HashSet;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-const MAX_POOLS: usize = 256;
-const TOMBSTONE: u64 = u64::MAX;
 /// Pools grow in multiples of the allocation granularity (2 MiB on every current GPU).
 const GROWTH_UNIT: u64 = 2 << 20;
 
-struct Pool {
-    handle: AtomicU64,
-    /// Device ordinal + 1 (0 while the registering thread has not stored it yet).
-    dev: AtomicU32,
-    /// Bytes of this pool currently in the device's charge.
-    charged: AtomicU64,
-}
-
-static POOLS: [Pool; MAX_POOLS] =
-    [const { Pool { handle: AtomicU64::new(0), dev: AtomicU32::new(0), charged: AtomicU64::new(0) } }; MAX_POOLS];
-/// Slots ever used (scans stop here).
-static USED_SLOTS: AtomicUsize = AtomicUsize::new(0);
-
-fn slots() -> &'static [Pool] {
-    &POOLS[..USED_SLOTS.load(Ordering::Acquire).min(MAX_POOLS)]
-}
-
-fn find(handle: u64) -> Option<&'static Pool> {
-    slots().iter().find(|p| p.handle.load(Ordering::Acquire) == handle)
-}
-
-/// The slot of a pool, registering it on `dev` if we have not seen it.
-fn register(handle: u64, dev: usize) -> Option<&'static Pool> {
-    if handle == 0 {
-        return None;
-    }
-    if let Some(p) = find(handle) {
-        return Some(p);
-    }
-    for (i, p) in POOLS.iter().enumerate() {
-        let cur = p.handle.load(Ordering::Acquire);
-        if (cur == 0 || cur == TOMBSTONE) && p.handle.compare_exchange(cur, handle, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            p.charged.store(0, Ordering::Release);
-            p.dev.store(dev as u32 + 1, Ordering::Release);
-            USED_SLOTS.fetch_max(i + 1, Ordering::AcqRel);
-            // A racing registration of the same handle may have claimed another slot first.
-            return find(handle);
-        }
-    }
-    None
-}
-
-fn attribute(handle: u64, attr: c_int) -> Option<u64> {
-    let f = import::cuMemPoolGetAttribute()?;
-    let mut v: u64 = 0;
-    (unsafe { f(handle as CUmemoryPool, attr, (&mut v as *mut u64).cast::<c_void>()) } == CUDA_SUCCESS).then_some(v)
-}
-
-/// Re-reads what the pool reserves and moves the device's charge by the difference.
-/// Lock-free: racing settles may leave a stale value behind, but the ledger always equals the sum
-/// of what the slots say they charged, and the next settle corrects it.
-fn settle(p: &Pool) -> i64 {
-    let handle = p.handle.load(Ordering::Acquire);
-    let dev = p.dev.load(Ordering::Acquire);
-    if handle == 0 || handle == TOMBSTONE || dev == 0 {
-        return 0;
-    }
-    let Some(now) = attribute(handle, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) else { return 0 };
-    let dev = dev as usize - 1;
-    let old = p.charged.swap(now, Ordering::AcqRel);
-    if now > old {
-        ledger::charge(dev, now - old);
-    } else {
-        ledger::release(dev, old - now);
-    }
-    now as i64 - old as i64
-}
-
-/// Settles every pool on `dev` (`None`: on every device). Returns whether any charge went down.
+/// Settles every pool on `dev` (`None`: on every device) and the graph memory there. Returns
+/// whether any charge went down.
 pub fn refresh(dev: Option<usize>) -> bool {
     let mut released = false;
-    for p in slots() {
-        let d = p.dev.load(Ordering::Acquire);
-        if d != 0 && dev.is_none_or(|x| x + 1 == d as usize) {
-            released |= settle(p) < 0;
+    if table::any() {
+        for (_, p) in table::slots() {
+            if p.handle().is_some() && dev.is_none_or(|d| p.device() == Some(d)) {
+                released |= table::settle(p, 0) < 0;
+            }
         }
     }
-    released
+    released | super::graph::refresh(dev)
 }
 
 pub fn refresh_device(dev: usize) -> bool {
     refresh(Some(dev))
 }
 
-enum Plan {
-    Deny(CUresult, i32, u64),
-    Forward,
-    /// Call the driver; `growth` bytes are reserved against the cap until the pool is settled.
-    Go { pool: &'static Pool, dev: usize, growth: u64 },
+/// The device a stream's work runs on. The default-stream handles (NULL, `CU_STREAM_LEGACY`,
+/// `CU_STREAM_PER_THREAD`) mean the calling thread's current context.
+fn stream_device(stream: CUstream) -> Result<usize, CUresult> {
+    if (stream as usize) <= 2 {
+        return super::current().map(|(d, _)| d).ok_or(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    let mut dev: CUdevice = -1;
+    if let Some(f) = import::cuStreamGetDevice() {
+        let rc = unsafe { f(stream, &mut dev) };
+        return if rc != CUDA_SUCCESS { Err(rc) } else { usize::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_VALUE) };
+    }
+    // Drivers before 12.8: the stream's context, then that context's device.
+    let get_ctx = import::cuStreamGetCtx().ok_or(MISSING_REAL)?;
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    let rc = unsafe { get_ctx(stream, &mut ctx) };
+    if rc != CUDA_SUCCESS {
+        return Err(rc);
+    }
+    let rc = if let Some(f) = import::cuCtxGetDevice_v2() {
+        unsafe { f(&mut dev, ctx) }
+    } else {
+        let (Some(push), Some(get), Some(pop)) =
+            (import::cuCtxPushCurrent_v2(), import::cuCtxGetDevice(), import::cuCtxPopCurrent_v2())
+        else {
+            return Err(MISSING_REAL);
+        };
+        let mut popped: CUcontext = std::ptr::null_mut();
+        match unsafe { push(ctx) } {
+            CUDA_SUCCESS => {
+                let rc = unsafe { get(&mut dev) };
+                unsafe { pop(&mut popped) };
+                rc
+            }
+            rc => rc,
+        }
+    };
+    if rc != CUDA_SUCCESS { Err(rc) } else { usize::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_VALUE) }
 }
 
-fn plan(api: Hook, pool: Option<u64>, size: u64) -> Plan {
+/// A pool we never saw handed out (no wrapped call returned it): find whose default or current
+/// pool it is. `None`: nothing we can count, so the caller denies.
+fn adopt(handle: u64) -> Option<(usize, &'static Pool)> {
+    let (get_default, get_current) = (real::cuDeviceGetDefaultMemPool(), real::cuDeviceGetMemPool());
+    for d in 0..ledger::device_count().max(1) {
+        for f in [get_default, get_current].into_iter().flatten() {
+            let mut h: CUmemoryPool = std::ptr::null_mut();
+            if unsafe { f(&mut h, d as CUdevice) } == CUDA_SUCCESS && h as u64 == handle {
+                return table::register(handle, d);
+            }
+        }
+    }
+    None
+}
+
+/// Pools of memory that is not device memory (host locations): never charged, never denied.
+static HOST_POOLS: Lock<Option<HashSet<u64>>> = Lock::new(None);
+
+static HOST_POOLS_FORK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn host_pools_in_child() {
+    HOST_POOLS.reset_in_child();
+}
+
+fn host_pool(handle: u64, add: Option<bool>) -> bool {
+    if add == Some(true) && !HOST_POOLS_FORK.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        // A fork while another thread holds the lock must not leave the child's copy locked.
+        unsafe { libc::pthread_atfork(None, None, Some(host_pools_in_child)) };
+    }
+    let mut g = HOST_POOLS.lock();
+    match add {
+        Some(true) => g.get_or_insert_with(HashSet::new).insert(handle),
+        Some(false) => g.as_mut().is_some_and(|s| s.remove(&handle)),
+        None => g.as_ref().is_some_and(|s| s.contains(&handle)),
+    }
+}
+
+fn is_capturing(stream: CUstream) -> bool {
+    let Some(f) = import::cuStreamIsCapturing() else { return false };
+    let mut status: c_int = 0;
+    unsafe { f(stream, &mut status) == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE }
+}
+
+enum Plan {
+    Deny(CUresult, i32, u64),
+    /// Not device memory now: captured into a graph (the graph's launch is charged) or a host
+    /// pool's.
+    Forward,
+    /// Call the driver; `reserved` bytes are held against the cap until the pool is settled.
+    Go { slot: usize, pool: &'static Pool, dev: usize, reserved: u64 },
+}
+
+fn plan(api: Hook, pool: Option<u64>, stream: CUstream, size: u64) -> Plan {
     if let Err(e) = ensure_limits() {
         return Plan::Deny(e.code(), -1, 0);
     }
-    let Some(cur) = current_device() else { return Plan::Forward };
-    let slot = match pool {
-        Some(h) => register(h, cur),
+    let found = match pool {
+        Some(h) => match table::find(h) {
+            Some(f) => Some(f),
+            None if host_pool(h, None) => return Plan::Forward,
+            None => adopt(h),
+        },
         None => {
-            let Some(f) = import::cuDeviceGetMemPool() else { return Plan::Forward };
+            let dev = match stream_device(stream) {
+                Ok(d) => d,
+                Err(rc) => return Plan::Deny(rc, -1, 0),
+            };
+            let Some(f) = real::cuDeviceGetMemPool() else { return Plan::Deny(MISSING_REAL, dev as i32, 0) };
             let mut h: CUmemoryPool = std::ptr::null_mut();
-            if unsafe { f(&mut h, cur as CUdevice) } != CUDA_SUCCESS {
-                return Plan::Forward;
+            match unsafe { f(&mut h, dev as CUdevice) } {
+                CUDA_SUCCESS => table::register(h as u64, dev),
+                rc => return Plan::Deny(rc, dev as i32, 0),
             }
-            register(h as u64, cur)
         }
     };
-    // More than MAX_POOLS pools: count nothing rather than guess.
-    let Some(slot) = slot else { return Plan::Forward };
-    let dev = (slot.dev.load(Ordering::Acquire).max(1) - 1) as usize;
-    settle(slot);
-    let handle = slot.handle.load(Ordering::Acquire);
-    let held = attribute(handle, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(0);
-    let used = attribute(handle, CU_MEMPOOL_ATTR_USED_MEM_CURRENT).unwrap_or(held);
-    if size <= held.saturating_sub(used) {
-        return Plan::Go { pool: slot, dev, growth: 0 };
+    // A pool we cannot register (the table cannot grow) or place is never handed memory.
+    let Some((slot, p)) = found else { return Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, -1, 0) };
+    let Some(dev) = p.device() else { return Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, -1, 0) };
+    let want = size.div_ceil(GROWTH_UNIT).saturating_mul(GROWTH_UNIT);
+    if ledger::reserve(dev, want).is_ok() {
+        return Plan::Go { slot, pool: p, dev, reserved: want };
     }
-    let growth = size.div_ceil(GROWTH_UNIT).saturating_mul(GROWTH_UNIT);
-    match ledger::reserve(dev, growth).or_else(|_| {
-        refresh_device(dev);
-        ledger::reserve(dev, growth)
-    }) {
-        Ok(()) => Plan::Go { pool: slot, dev, growth },
+    // Only now (the rare path) ask whether this is a capture, which allocates nothing.
+    if is_capturing(stream) {
+        return Plan::Forward;
+    }
+    match super::pressure::reserve(dev, want) {
+        Ok(()) => Plan::Go { slot, pool: p, dev, reserved: want },
         Err(d) => {
             crate::log::denied(crate::hooks::info(api).name, dev, size, d.used, d.limit);
             Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, d.used)
@@ -157,64 +185,103 @@ fn plan(api: Hook, pool: Option<u64>, size: u64) -> Plan {
     }
 }
 
-unsafe fn alloc(api: Hook, dptr: *mut CUdeviceptr, size: usize, pool: Option<u64>, call: impl FnOnce() -> CUresult) -> CUresult {
+unsafe fn alloc(
+    api: Hook,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: Option<u64>,
+    stream: CUstream,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     match mode() {
         Mode::PassThrough => return call(),
         Mode::FailClosed => return CUDA_ERROR_NOT_PERMITTED,
         Mode::Enforce => {}
     }
-    match guarded(Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, -1, 0), || plan(api, pool, size as u64)) {
+    match guarded(Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, -1, 0), || plan(api, pool, stream, size as u64)) {
         Plan::Deny(rc, dev, used) => {
             emit(Op::Deny, api, dev, 0, size as u64, Timed::instant(rc), used);
             rc
         }
         Plan::Forward => call(),
-        Plan::Go { pool, dev, growth } => {
+        Plan::Go { slot, pool, dev, reserved } => {
             let t = timed(call);
-    let rc = t.rc;
             guarded((), || {
-                ledger::release(dev, growth);
-                settle(pool);
-                if rc == CUDA_SUCCESS {
+                table::settle(pool, reserved);
+                if t.rc == CUDA_SUCCESS {
                     let key = unsafe { *dptr };
-                    let c = Charge { dev: dev as u16, size: size as u64, ctx: current_context() };
-                    ledger::insert(Kind::AsyncPtr, key, c);
+                    table::allocated_one(pool);
+                    let c = Charge { dev: dev as u16, size: size as u64, ctx: table::tag(slot, pool) };
+                    // An entry already under this key: that allocation was freed where we did
+                    // not see it (the driver reused the address).
+                    if let Some(stale) = ledger::insert(Kind::AsyncPtr, key, c)
+                        && let Some(p) = table::by_tag(stale.ctx)
+                    {
+                        table::freed_one(p);
+                    }
                     emit(Op::Alloc, api, dev as i32, key, size as u64, t, ledger::used(dev));
                 } else {
                     emit(Op::Fail, api, dev as i32, 0, size as u64, t, ledger::used(dev));
                 }
             });
-            rc
+            t.rc
         }
     }
 }
 
-/// The pool keeps the block reserved, so the charge normally stays; the free is charged to the
-/// device the allocation came from, whatever the current context is ([`charge::free`]).
+/// The pool normally keeps the block reserved, so its charge stays; the free belongs to the
+/// pool the allocation came from, whatever the current context is. The last free of a destroyed
+/// pool's allocations releases that pool's whole charge.
 fn free(api: Hook, ptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
-    super::charge::free(api, Kind::AsyncPtr, ptr, call)
+    if mode() == Mode::PassThrough {
+        return call();
+    }
+    let taken = guarded(None, || ledger::take(Kind::AsyncPtr, ptr));
+    let t = timed(call);
+    guarded((), || match taken {
+        Some(c) if t.rc == CUDA_SUCCESS => {
+            if let Some(p) = table::by_tag(c.ctx)
+                && table::freed_one(p) == 0
+            {
+                table::settle(p, 0);
+            }
+            emit(Op::Free, api, c.dev as i32, ptr, c.size, t, ledger::used(c.dev as usize));
+        }
+        Some(c) => {
+            ledger::insert(Kind::AsyncPtr, ptr, c);
+            emit(Op::Fail, api, c.dev as i32, ptr, 0, t, ledger::used(c.dev as usize));
+        }
+        None if t.rc != CUDA_SUCCESS => emit(Op::Fail, api, -1, ptr, 0, t, 0),
+        None => {}
+    });
+    t.rc
 }
 
 pub unsafe fn alloc_async(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult {
     let Some(f) = real::cuMemAllocAsync() else { return MISSING_REAL };
-    unsafe { alloc(Hook::cuMemAllocAsync, dptr, size, None, || f(dptr, size, stream)) }
+    unsafe { alloc(Hook::cuMemAllocAsync, dptr, size, None, stream, || f(dptr, size, stream)) }
 }
 
 pub unsafe fn alloc_async_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult {
     let Some(f) = real::cuMemAllocAsync_ptsz() else { return MISSING_REAL };
-    unsafe { alloc(Hook::cuMemAllocAsync_ptsz, dptr, size, None, || f(dptr, size, stream)) }
+    unsafe { alloc(Hook::cuMemAllocAsync_ptsz, dptr, size, None, stream, || f(dptr, size, stream)) }
 }
 
 pub unsafe fn alloc_from_pool(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult {
     let Some(f) = real::cuMemAllocFromPoolAsync() else { return MISSING_REAL };
-    let p = (!pool.is_null()).then_some(pool as u64);
-    unsafe { alloc(Hook::cuMemAllocFromPoolAsync, dptr, size, p, || f(dptr, size, pool, stream)) }
+    if pool.is_null() {
+        return unsafe { f(dptr, size, pool, stream) }; // the driver's own error
+    }
+    unsafe { alloc(Hook::cuMemAllocFromPoolAsync, dptr, size, Some(pool as u64), stream, || f(dptr, size, pool, stream)) }
 }
 
 pub unsafe fn alloc_from_pool_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult {
     let Some(f) = real::cuMemAllocFromPoolAsync_ptsz() else { return MISSING_REAL };
-    let p = (!pool.is_null()).then_some(pool as u64);
-    unsafe { alloc(Hook::cuMemAllocFromPoolAsync_ptsz, dptr, size, p, || f(dptr, size, pool, stream)) }
+    if pool.is_null() {
+        return unsafe { f(dptr, size, pool, stream) };
+    }
+    let hook = Hook::cuMemAllocFromPoolAsync_ptsz;
+    unsafe { alloc(hook, dptr, size, Some(pool as u64), stream, || f(dptr, size, pool, stream)) }
 }
 
 pub unsafe fn free_async(ptr: CUdeviceptr, stream: CUstream) -> CUresult {
@@ -227,19 +294,19 @@ pub unsafe fn free_async_ptsz(ptr: CUdeviceptr, stream: CUstream) -> CUresult {
     free(Hook::cuMemFreeAsync_ptsz, ptr, || unsafe { f(ptr, stream) })
 }
 
-/// Settles one pool after a call that may have changed what it reserves, registering it on the
-/// current device if we have not seen it; a drop in its charge is a `free` event of `api`.
+/// Settles one pool after a call that may have changed what it reserves; a drop in its charge
+/// is a `free` event of `api`.
 fn after(api: Hook, pool: u64) {
     if mode() != Mode::Enforce {
         return;
     }
     guarded((), || {
-        let slot = find(pool).or_else(|| register(pool, current_device()?));
-        if let Some(p) = slot {
-            let delta = settle(p);
-            if delta < 0 {
-                let dev = p.dev.load(Ordering::Acquire).max(1) as usize - 1;
-                emit(Op::Free, api, dev as i32, pool, (-delta) as u64, Timed::instant(CUDA_SUCCESS), ledger::used(dev));
+        if let Some((_, p)) = table::find(pool) {
+            let delta = table::settle(p, 0);
+            if delta < 0
+                && let Some(dev) = p.device()
+            {
+                emit(Op::Free, api, dev as i32, pool, delta.unsigned_abs(), Timed::instant(CUDA_SUCCESS), ledger::used(dev));
             }
         }
     });
@@ -263,43 +330,109 @@ pub unsafe fn set_attribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void)
     rc
 }
 
+/// A pool handed to the application: registered on the device it belongs to (`None`: a pool of
+/// host memory, remembered as such).
+fn handed_out(rc: CUresult, pool: *mut CUmemoryPool, dev: Option<c_int>) {
+    if rc == CUDA_SUCCESS && !pool.is_null() && mode() == Mode::Enforce {
+        guarded((), || {
+            let h = unsafe { *pool } as u64;
+            match dev {
+                Some(d) if d >= 0 => {
+                    table::register(h, d as usize);
+                }
+                _ => {
+                    host_pool(h, Some(true));
+                }
+            }
+        });
+    }
+}
+
 pub unsafe fn default_pool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
     let Some(f) = real::cuDeviceGetDefaultMemPool() else { return MISSING_REAL };
     let rc = unsafe { f(pool, dev) };
-    if rc == CUDA_SUCCESS && !pool.is_null() && dev >= 0 && mode() == Mode::Enforce {
-        guarded((), || {
-            register(unsafe { *pool } as u64, dev as usize);
-        });
+    handed_out(rc, pool, Some(dev));
+    rc
+}
+
+pub unsafe fn current_pool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+    let Some(f) = real::cuDeviceGetMemPool() else { return MISSING_REAL };
+    let rc = unsafe { f(pool, dev) };
+    handed_out(rc, pool, Some(dev));
+    rc
+}
+
+/// The device a location names (`None`: host memory and the like, never charged).
+fn location_device(loc: *const CUmemLocation) -> Option<c_int> {
+    if loc.is_null() {
+        return None;
     }
+    let l = unsafe { *loc };
+    (l.type_ == CU_MEM_LOCATION_TYPE_DEVICE && l.id >= 0).then_some(l.id)
+}
+
+/// CUDA 13: `cuMemGetDefaultMemPool(pool, location, type)`.
+pub unsafe fn location_default_pool(pool: *mut CUmemoryPool, loc: *mut CUmemLocation, kind: c_int) -> CUresult {
+    let Some(f) = real::cuMemGetDefaultMemPool() else { return MISSING_REAL };
+    let rc = unsafe { f(pool, loc, kind) };
+    handed_out(rc, pool, guarded(None, || location_device(loc)));
+    rc
+}
+
+/// CUDA 13: `cuMemGetMemPool(pool, location, type)`.
+pub unsafe fn location_current_pool(pool: *mut CUmemoryPool, loc: *mut CUmemLocation, kind: c_int) -> CUresult {
+    let Some(f) = real::cuMemGetMemPool() else { return MISSING_REAL };
+    let rc = unsafe { f(pool, loc, kind) };
+    handed_out(rc, pool, guarded(None, || location_device(loc)));
     rc
 }
 
 pub unsafe fn create(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult {
     let Some(f) = real::cuMemPoolCreate() else { return MISSING_REAL };
     let rc = unsafe { f(pool, props) };
-    if rc == CUDA_SUCCESS && !pool.is_null() && !props.is_null() && mode() == Mode::Enforce {
-        guarded((), || {
-            let loc = unsafe { (*props).location };
-            // Pools of host memory are not device memory: never registered, never charged.
-            if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 {
-                register(unsafe { *pool } as u64, loc.id as usize);
-            }
-        });
+    if !props.is_null() {
+        // Pools of host memory are not device memory: never charged.
+        handed_out(rc, pool, guarded(None, || location_device(unsafe { &(*props).location })));
     }
     rc
 }
 
+/// The driver returns at once, but a pool with live allocations keeps its memory until they are
+/// freed: its charge stays until then ([`table::destroyed`]).
 pub unsafe fn destroy(pool: CUmemoryPool) -> CUresult {
     let Some(f) = real::cuMemPoolDestroy() else { return MISSING_REAL };
+    if mode() != Mode::Enforce {
+        return unsafe { f(pool) };
+    }
+    // Last look while the handle is valid: what it reserves, and whether anything from it is
+    // still allocated that we did not see (then the charge can never be released safely).
+    let before = guarded(None, || {
+        let (_, p) = table::find(pool as u64)?;
+        table::settle(p, 0);
+        let mut used: u64 = 0;
+        let f = import::cuMemPoolGetAttribute()?;
+        let rc = unsafe { f(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, (&mut used as *mut u64).cast()) };
+        Some((p, rc == CUDA_SUCCESS && used > 0))
+    });
     let rc = unsafe { f(pool) };
-    if rc == CUDA_SUCCESS && mode() == Mode::Enforce {
+    if rc == CUDA_SUCCESS {
         guarded((), || {
-            if let Some(p) = find(pool as u64) {
-                let dev = p.dev.load(Ordering::Acquire).max(1) as usize - 1;
-                let old = p.charged.swap(0, Ordering::AcqRel);
-                ledger::release(dev, old);
-                p.handle.store(TOMBSTONE, Ordering::Release);
-                emit(Op::Free, Hook::cuMemPoolDestroy, dev as i32, pool as u64, old, Timed::instant(rc), ledger::used(dev));
+            host_pool(pool as u64, Some(false));
+        });
+    }
+    if rc == CUDA_SUCCESS
+        && let Some((p, driver_live)) = before
+    {
+        guarded((), || {
+            if driver_live && table::live(p) == 0 {
+                table::allocated_one(p); // allocations we never saw: keep the charge for good
+            }
+            let released = table::destroyed(p);
+            if released > 0
+                && let Some(dev) = p.device()
+            {
+                let t = Timed::instant(rc);
+                emit(Op::Free, Hook::cuMemPoolDestroy, dev as i32, pool as u64, released, t, ledger::used(dev));
             }
         });
     }
@@ -307,7 +440,7 @@ pub unsafe fn destroy(pool: CUmemoryPool) -> CUresult {
 }
 
 fn after_sync(rc: CUresult) -> CUresult {
-    if rc == CUDA_SUCCESS && mode() == Mode::Enforce && USED_SLOTS.load(Ordering::Relaxed) > 0 {
+    if rc == CUDA_SUCCESS && mode() == Mode::Enforce {
         guarded((), || {
             refresh(None);
         });
@@ -328,4 +461,10 @@ pub unsafe fn stream_sync_ptsz(stream: CUstream) -> CUresult {
 pub unsafe fn ctx_sync() -> CUresult {
     let Some(f) = real::cuCtxSynchronize() else { return MISSING_REAL };
     after_sync(unsafe { f() })
+}
+
+/// CUDA 13's `cuCtxSynchronize_v2(ctx)`.
+pub unsafe fn ctx_sync_v2(ctx: CUcontext) -> CUresult {
+    let Some(f) = real::cuCtxSynchronize_v2() else { return MISSING_REAL };
+    after_sync(unsafe { f(ctx) })
 }

@@ -68,6 +68,29 @@
     X(cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, 0) \
     X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, 0) \
     X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, 0)
+/* Pool lifetimes, stream devices, graphs and graph memory (ops_pool.c). */
+#define CLIENT_POOL(X) \
+    X(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, 0) \
+    X(cuDeviceGetMemPool, "cuDeviceGetMemPool", 11020, 0) \
+    X(cuStreamCreate, "cuStreamCreate", 2000, 0) \
+    X(cuCtxSynchronize_v2, "cuCtxSynchronize", 13000, 0) \
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, 0) \
+    X(cuStreamEndCapture, "cuStreamEndCapture", 10000, 0) \
+    X(cuGraphCreate, "cuGraphCreate", 10000, 0) \
+    X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 11040, 0) \
+    X(cuGraphAddMemFreeNode, "cuGraphAddMemFreeNode", 11040, 0) \
+    X(cuGraphInstantiate, "cuGraphInstantiate", 10000, 0) \
+    X(cuGraphInstantiate_v2, "cuGraphInstantiate", 11000, 0) \
+    X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 11040, 0) \
+    X(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 12000, 0) \
+    X(cuGraphInstantiateWithParams_ptsz, "cuGraphInstantiateWithParams", 12000, 2) \
+    X(cuGraphLaunch, "cuGraphLaunch", 10000, 0) \
+    X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 2) \
+    X(cuGraphUpload, "cuGraphUpload", 11010, 0) \
+    X(cuGraphUpload_ptsz, "cuGraphUpload", 11010, 2) \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy", 10000, 0) \
+    X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, 0) \
+    X(cuDeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute", 11040, 0)
 
 struct cu_api {
     CUresult (*cuInit)(unsigned int);
@@ -85,6 +108,7 @@ struct cu_api {
 #define FIELD(name, base, ver, flags) __typeof__(&name) name;
     CLIENT_EXTRA(FIELD)
     CLIENT_CTX(FIELD)
+    CLIENT_POOL(FIELD)
 #undef FIELD
 };
 
@@ -111,6 +135,10 @@ int client_extra_op(const struct cu_api *api, const char *op, int argc, char **a
 int client_ctx_op(const struct cu_api *api, const char *op, int argc, char **argv,
                   unsigned long long (*new_slot)(unsigned long long),
                   unsigned long long (*slot)(const char *));
+/* Pool lifetime and graph ops (ops_pool.c), same contract as client_extra_op. */
+int client_pool_op(const struct cu_api *api, const char *op, int argc, char **argv,
+                   unsigned long long (*new_slot)(unsigned long long),
+                   unsigned long long (*slot)(const char *));
 
 /* Front-end helper: complain and exit when a function could not be resolved. */
 void client_need(const void *fn, const char *what);

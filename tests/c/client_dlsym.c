@@ -41,6 +41,7 @@ int main(int argc, char **argv)
 #define GET(name, base, ver, flags) *(void **)&api.name = sym(#name);
     CLIENT_EXTRA(GET)
     CLIENT_CTX(GET)
+    CLIENT_POOL(GET)
 #undef GET
     return client_run(&api, argc, argv);
 }

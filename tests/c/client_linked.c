@@ -20,6 +20,7 @@ int main(int argc, char **argv)
 #define SET(name, base, ver, flags) .name = name,
         CLIENT_EXTRA(SET)
         CLIENT_CTX(SET)
+        CLIENT_POOL(SET)
 #undef SET
     };
     return client_run(&api, argc, argv);

@@ -12,6 +12,7 @@
  *   freeasync K | freeasyncp K -> freeasync rc=N
  *   defpool DEV          -> pool rc=N id=P                  (cuDeviceGetDefaultMemPool)
  *   poolcreate DEV       -> pool rc=N id=P                  (cuMemPoolCreate)
+ *   curpool DEV          -> pool rc=N id=P                  (cuDeviceGetMemPool)
  *   keep P               -> keep rc=N                       (release threshold = max: freed memory stays)
  *   palloc P SIZE | pallocp P SIZE -> palloc rc=N slot=K    (cuMemAllocFromPoolAsync / _ptsz)
  *   reserved P           -> reserved rc=N bytes=B used=U
@@ -199,10 +200,12 @@ int client_extra_op(const struct cu_api *A, const char *op, int argc, char **arg
         OUT("freeasync rc=%d", rc);
         return 1;
     }
-    if (!strcmp(op, "defpool") || !strcmp(op, "poolcreate")) {
+    if (!strcmp(op, "defpool") || !strcmp(op, "poolcreate") || !strcmp(op, "curpool")) {
         CUmemoryPool pl = NULL;
         if (op[0] == 'd') {
             rc = A->cuDeviceGetDefaultMemPool(&pl, (CUdevice)num(ARG(0)));
+        } else if (op[0] == 'c') {
+            rc = A->cuDeviceGetMemPool(&pl, (CUdevice)num(ARG(0)));
         } else {
             CUmemPoolProps props;
             memset(&props, 0, sizeof props);
@@ -294,6 +297,6 @@ int client_extra_op(const struct cu_api *A, const char *op, int argc, char **arg
         OUT("host rc=%d", host(A, num(ARG(0))));
         return 1;
     }
-    return -1;
+    return client_pool_op(A, op, argc, argv, new_slot, slot);
 #undef ARG
 }

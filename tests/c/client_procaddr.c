@@ -58,6 +58,7 @@ int main(int argc, char **argv)
 #define GET(name, base, ver, flags) *(void **)&api.name = proc_flags(base, ver, flags);
     CLIENT_EXTRA(GET)
     CLIENT_CTX(GET)
+    CLIENT_POOL(GET)
 #undef GET
     return client_run(&api, argc, argv);
 }

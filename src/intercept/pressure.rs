@@ -1,0 +1,53 @@
+//! Memory pressure under a virtual cap.
+//!
+//! On a physically full device the driver itself releases the unused memory that pools and
+//! graphs keep reserved before it reports an out-of-memory error (see docs/architecture.md,
+//! "Pressure"). Under vramcap's cap the device is not full, so the driver never feels that
+//! pressure: without this module a pool that keeps freed blocks (release threshold at max, as
+//! PyTorch's `cudaMallocAsync` backend sets it) would make vramcap deny requests the driver would
+//! have served. So before any denial, this process's pools are trimmed (`cuMemPoolTrimTo(pool,
+//! 0)`: only unused memory goes) and its graph memory too (`cuDeviceGraphMemTrim`), their
+//! charges re-read, and only then is the request decided again.
+//!
+//! This runs on the thread that asked for memory (vramcap never calls CUDA from threads of its
+//! own), and only on the path that would otherwise deny.
+
+use super::charge::{Timed, emit};
+use super::pool_table as table;
+use crate::events::Op;
+use crate::ffi::*;
+use crate::hooks::{Hook, real};
+use crate::ledger::{self, Denied};
+
+/// Reserves `bytes` on `dev`, relieving pressure once if they do not fit.
+pub fn reserve(dev: usize, bytes: u64) -> Result<(), Denied> {
+    ledger::reserve(dev, bytes).or_else(|_| {
+        relieve(dev);
+        ledger::reserve(dev, bytes)
+    })
+}
+
+/// Gives back what this process's pools and graph memory on `dev` hold unused; returns whether
+/// any charge went down.
+pub fn relieve(dev: usize) -> bool {
+    let mut released = false;
+    if table::any()
+        && let Some(trim) = real::cuMemPoolTrimTo()
+    {
+        for (_, p) in table::slots() {
+            let Some(h) = p.handle() else { continue };
+            if p.device() != Some(dev) {
+                continue;
+            }
+            if unsafe { trim(h as CUmemoryPool, 0) } == CUDA_SUCCESS {
+                let delta = table::settle(p, 0);
+                if delta < 0 {
+                    released = true;
+                    let t = Timed::instant(CUDA_SUCCESS);
+                    emit(Op::Free, Hook::cuMemPoolTrimTo, dev as i32, h, delta.unsigned_abs(), t, ledger::used(dev));
+                }
+            }
+        }
+    }
+    released | super::graph::trim(dev)
+}
