@@ -1,7 +1,7 @@
 //! The ledger file: created complete or not at all, opened and checked, mapped `MAP_SHARED`;
 //! and what `/proc` says about a member's identity.
 
-use super::shm::{LAYOUT_BYTES, Liveness, Shared};
+use super::shm::{LAYOUT_BYTES, Shared};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -118,67 +118,21 @@ pub fn open_or_create(p: &Path, name: &str) -> Result<Mapping, String> {
     Err(format!("group ledger {} keeps appearing and vanishing", p.display()))
 }
 
-/// Field 22 (`starttime`) of `/proc/<pid>/stat`, and whether the process is a zombie.
+/// Start time of a pid of our own namespace, and whether it is a zombie.
 pub fn proc_start(pid: u32) -> Option<(u64, bool)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&s)
+    super::liveness::proc_start_of(&pid.to_string())
 }
 
-/// The command name (field 2) may contain spaces and parentheses: fields are counted after the
-/// last `)`.
-pub fn parse_stat(s: &str) -> Option<(u64, bool)> {
-    let rest = &s[s.rfind(')')? + 1..];
-    let mut f = rest.split_whitespace(); // field 3 onwards
-    let state = f.next()?;
-    let start = f.nth(18)?.parse().ok()?; // field 22
-    Some((start, state == "Z" || state == "X"))
-}
-
-/// This process's identity as other members will check it.
+/// This process's start time as other members will check it.
 pub fn self_start() -> u64 {
-    proc_start(std::process::id()).map_or(0, |(s, _)| s)
+    super::liveness::self_identity().0
 }
 
-/// Alive unless the pid is gone, is a zombie, or carries another start time (reused pid).
-/// `start == 0` asks only whether the pid exists. A pid we may not signal (another user) and
-/// whose `/proc` entry we cannot read counts as alive: never reclaim on a guess.
-pub fn liveness(pid: u32, start: u64) -> Liveness {
-    if pid == 0 || pid > i32::MAX as u32 {
-        return Liveness::Dead;
-    }
-    if unsafe { libc::kill(pid as i32, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
-        return Liveness::Dead;
-    }
-    match proc_start(pid) {
-        Some((_, true)) => Liveness::Dead,
-        Some((s, false)) if start != 0 && s != start => Liveness::Dead,
-        _ => Liveness::Alive,
-    }
-}
-
+#[allow(unused_imports)] // the fuzz targets parse through here
+pub use super::liveness::{liveness, parse_stat};
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stat_parsing_survives_odd_command_names() {
-        let line = "1234 (a) b (c)) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 987654 20 21";
-        assert_eq!(parse_stat(line), Some((987654, false)));
-        let z = "7 (x) Z 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 42 20";
-        assert_eq!(parse_stat(z), Some((42, true)));
-        assert_eq!(parse_stat("garbage"), None);
-    }
-
-    #[test]
-    fn own_identity_is_alive_and_a_wrong_start_is_not() {
-        let me = std::process::id();
-        let s = self_start();
-        assert!(s > 0);
-        assert_eq!(liveness(me, s), Liveness::Alive);
-        assert_eq!(liveness(me, 0), Liveness::Alive);
-        assert_eq!(liveness(me, s + 1), Liveness::Dead, "same pid, other start time: a reused pid");
-        assert_eq!(liveness(0, 0), Liveness::Dead);
-    }
 
     #[test]
     fn create_then_open_and_refuse_corruption() {

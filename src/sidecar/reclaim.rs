@@ -12,6 +12,9 @@ mod shm;
 #[allow(dead_code)]
 #[path = "../group/file.rs"]
 mod file;
+#[allow(dead_code)]
+#[path = "../group/liveness.rs"]
+mod liveness;
 
 use super::state::Registry;
 use std::collections::BTreeSet;
