@@ -1,0 +1,140 @@
+//! Group ledgers among hostile neighbours and in Kubernetes (issue 15): members in other PID
+//! namespaces, another user squatting or rewriting a ledger, a ledger truncated while in use.
+//! Several tests need root (PID namespaces, a second user): as another user they print
+//! `SKIPPED` and pass; CI runs them as root.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::Ordering::*;
+use vramcap::group::{self, file};
+
+fn is_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Root, and the kernel lets us make PID namespaces.
+fn can_unshare() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        is_root()
+            && Command::new("unshare")
+                .args(["--pid", "--fork", "--mount-proc", "--kill-child", "true"])
+                .status()
+                .is_ok_and(|s| s.success())
+    })
+}
+
+macro_rules! needs {
+    ($cond:expr, $what:literal) => {
+        if !$cond {
+            eprintln!("SKIPPED: needs {}", $what);
+            return;
+        }
+    };
+}
+
+fn member(client: &str, dir: &Path, name: &str, limit: Option<&str>) -> Run {
+    let r = Run::client(client).env("VRAMCAP_GROUP", name).env("VRAMCAP_GROUP_DIR", dir);
+    match limit {
+        Some(l) => r.env("VRAMCAP_GROUP_LIMIT", l),
+        None => r,
+    }
+}
+
+/// A member in a PID namespace of its own (pid 1 there), like a container's process.
+fn namespaced(client: &str, dir: &Path, name: &str, limit: Option<&str>, ops: &str) -> Run {
+    let r = Run::program(Path::new("unshare"))
+        .env("VRAMCAP_GROUP", name)
+        .env("VRAMCAP_GROUP_DIR", dir)
+        .args(["--pid --fork --mount-proc --kill-child"])
+        .args([ctests_dir().join(client).to_str().unwrap(), ops]);
+    match limit {
+        Some(l) => r.env("VRAMCAP_GROUP_LIMIT", l),
+        None => r,
+    }
+}
+
+fn ledger(dir: &Path, name: &str) -> file::Mapping {
+    file::open_existing(&file::path_for(dir.to_str().unwrap(), name)).unwrap().expect("ledger exists")
+}
+
+fn used0(m: &file::Mapping) -> u64 {
+    m.shm.devices[0].used.load(SeqCst)
+}
+
+#[test]
+fn members_in_other_pid_namespaces_keep_their_charge_until_they_die() {
+    needs!(can_unshare(), "root and unshare --pid");
+    build_c();
+    let dir = private_group_dir();
+    // A is pid 1 of its namespace: on the host, pid 1 is another process (init).
+    let mut a = namespaced("client_linked", &dir, "ns", Some("256m"), "init ctx 0 alloc 200m sleep 60000").spawn();
+    assert_eq!(a.wait_for("alloc").rc(), 0);
+    // A host member would be denied: its reclaim must not take A's charge.
+    let out = member("client_procaddr", &dir, "ns", None).args(["init ctx 0 alloc 100m"]).run();
+    assert_eq!(out.ok().nth("alloc", 0).rc(), 2, "300 MiB under 256 MiB: {}", out.stderr);
+    // A member of a sibling namespace cannot see A's: it leaves A alone.
+    let out = namespaced("client_dlsym", &dir, "ns", None, "init ctx 0 alloc 100m").run();
+    assert_eq!(out.ok().nth("alloc", 0).rc(), 2, "{}", out.stderr);
+    // The sidecar's sweep (root, host PID namespace, like `hostPID: true`) sees A alive.
+    let m = ledger(&dir, "ns");
+    group::reclaim_in(m.shm);
+    assert_eq!(used0(&m), 200 * MIB, "a live member's charge must survive every sweep");
+    // A dies with its namespace: the sweep gives its charge back.
+    a.sigkill();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while used0(&m) != 0 && std::time::Instant::now() < deadline {
+        group::reclaim_in(m.shm);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!((used0(&m), m.shm.members()), (0, 0), "dead members are reclaimed across namespaces");
+    let out = member("client_procaddr", &dir, "ns", None).args(["init ctx 0 alloc 256m"]).run();
+    assert_eq!(out.ok().nth("alloc", 0).rc(), 0, "{}", out.stderr);
+}
+
+#[test]
+fn a_killed_member_is_reclaimed_while_its_namespace_lives() {
+    needs!(can_unshare(), "root and unshare --pid");
+    build_c();
+    let dir = private_group_dir();
+    // One namespace, two members: B (a child of the shell, not pid 1) is killed, the shell lives.
+    let client = ctests_dir().join("client_linked");
+    let script = format!(
+        "{c} init ctx 0 alloc 100m sleep 60000 & echo child pid=$!; {c} init ctx 0 alloc 50m sleep 60000",
+        c = client.display()
+    );
+    let sh = dir.join("members.sh");
+    std::fs::write(&sh, script).unwrap();
+    let mut ns = Run::program(Path::new("unshare"))
+        .env("VRAMCAP_GROUP", "ns2")
+        .env("VRAMCAP_GROUP_DIR", &dir)
+        .env("VRAMCAP_GROUP_LIMIT", "1g")
+        .args(["--pid --fork --mount-proc --kill-child sh", sh.to_str().unwrap()])
+        .spawn();
+    let child = ns.wait_for("child").num("pid") as u32;
+    ns.wait_for("alloc");
+    ns.wait_for("alloc");
+    let m = ledger(&dir, "ns2");
+    assert_eq!(used0(&m), 150 * MIB);
+    // Kill B through its host pid (the one whose NSpid ends in `child`).
+    let host_pid = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|p| {
+            let st = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+            let nested = st.lines().any(|l| l.starts_with("NSpid:") && l.split_whitespace().count() > 2);
+            nested && st.contains("client_linked") && group::liveness::parse_nspid(&st) == Some(child)
+        })
+        .expect("B on the host");
+    unsafe { libc::kill(host_pid as i32, libc::SIGKILL) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while used0(&m) != 50 * MIB && std::time::Instant::now() < deadline {
+        group::reclaim_in(m.shm);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(used0(&m), 50 * MIB, "B's 100 MiB back, the live member's 50 MiB kept");
+    ns.sigkill();
+}
