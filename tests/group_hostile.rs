@@ -138,3 +138,118 @@ fn a_killed_member_is_reclaimed_while_its_namespace_lives() {
     assert_eq!(used0(&m), 50 * MIB, "B's 100 MiB back, the live member's 50 MiB kept");
     ns.sigkill();
 }
+
+/// A directory every user can write, like `/dev/shm` (mode 1777).
+fn world_dir() -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let d = private_group_dir();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    d
+}
+
+const OTHER_UID: u32 = 54321;
+
+fn chown(p: &Path, uid: u32, gid: u32) {
+    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::lchown(c.as_ptr(), uid, gid) }, 0, "chown {}", p.display());
+}
+
+/// The victim's run: refused (CUDA init fails, nothing handed out), saying why.
+fn assert_refused(out: &Output, needle: &str) {
+    out.ok();
+    assert_ne!(out.nth("init", 0).rc(), 0, "{}", out.stderr);
+    assert_ne!(out.nth("alloc", 0).rc(), 0, "nothing may be handed out: {}", out.stderr);
+    assert!(out.stderr.contains(needle) && out.stderr.contains("VRAMCAP_GROUP_DIR"), "{needle}: {}", out.stderr);
+}
+
+#[test]
+fn another_users_ledger_is_refused_in_a_shared_directory() {
+    needs!(is_root(), "root (to give a file to another uid)");
+    let dir = world_dir();
+    let p = file::path_for(dir.to_str().unwrap(), "sq");
+    // The squatter created the group's ledger first, with a limit of their choosing.
+    let m = file::open_or_create(&p, "sq").unwrap();
+    m.shm.set_limit(m.shm.device_entry(1).unwrap(), 1);
+    chown(&p, OTHER_UID, OTHER_UID);
+    let out = member("client_linked", &dir, "sq", Some("256m")).args(["init ctx 0 alloc 1m"]).run();
+    assert_refused(&out, &format!("belongs to uid {OTHER_UID}"));
+}
+
+#[test]
+fn a_ledger_everyone_can_write_is_refused() {
+    needs!(is_root(), "root (to give a file to another uid)");
+    use std::os::unix::fs::PermissionsExt;
+    let dir = world_dir();
+    let p = file::path_for(dir.to_str().unwrap(), "open");
+    // Made by a member, then opened up so another user can rewrite the limit (400 MiB under 256).
+    let out = member("client_linked", &dir, "open", Some("256m")).args(["init ctx 0 alloc 1m"]).run();
+    assert_eq!(out.ok().nth("alloc", 0).rc(), 0, "{}", out.stderr);
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = member("client_linked", &dir, "open", None).args(["init ctx 0 alloc 1m"]).run();
+    assert_refused(&out, "writable by every user");
+}
+
+#[test]
+fn a_symlinked_ledger_is_refused() {
+    let dir = world_dir();
+    let target = dir.join("elsewhere");
+    let m = file::open_or_create(&target, "ln").unwrap();
+    m.unmap();
+    std::os::unix::fs::symlink(&target, file::path_for(dir.to_str().unwrap(), "ln")).unwrap();
+    let out = member("client_dlsym", &dir, "ln", Some("256m")).args(["init ctx 0 alloc 1m"]).run();
+    assert_refused(&out, "symbolic link");
+    // The sidecar's open never follows one either.
+    assert!(file::open_existing(&file::path_for(dir.to_str().unwrap(), "ln")).err().unwrap().contains("symbolic link"));
+}
+
+#[test]
+fn a_group_directory_made_for_a_unix_group_shares_ledgers_across_users() {
+    needs!(is_root(), "root (to give a file to another uid)");
+    use std::os::unix::fs::PermissionsExt;
+    // 2770, group = ours: another user of our Unix group made the ledger; we trust it.
+    let dir = private_group_dir();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o2770)).unwrap();
+    let mut a = member("client_linked", &dir, "team", Some("256m")).args(["init ctx 0 alloc 100m sleep 60000"]).spawn();
+    assert_eq!(a.wait_for("alloc").rc(), 0);
+    chown(&file::path_for(dir.to_str().unwrap(), "team"), OTHER_UID, unsafe { libc::getegid() });
+    let out = member("client_procaddr", &dir, "team", None).args(["init ctx 0 alloc 200m alloc 100m"]).run();
+    out.ok();
+    assert_eq!((out.nth("alloc", 0).rc(), out.nth("alloc", 1).rc()), (2, 0), "one budget: {}", out.stderr);
+    a.sigkill();
+}
+
+/// `setpriv` to run a member as another (numeric) user, or None when we cannot.
+fn as_other_user(client: &str) -> Option<Run> {
+    if !is_root() {
+        return None;
+    }
+    build_c();
+    Some(Run::program(Path::new("setpriv")).args([
+        format!("--reuid={OTHER_UID} --regid={OTHER_UID} --clear-groups"),
+        ctests_dir().join(client).display().to_string(),
+    ]))
+}
+
+#[test]
+fn the_default_directory_is_per_user_and_a_squatted_one_is_refused() {
+    let Some(r) = as_other_user("client_linked") else {
+        eprintln!("SKIPPED: needs root (to run as uid {OTHER_UID})");
+        return;
+    };
+    let dir = format!("/dev/shm/vramcap-{OTHER_UID}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = r.env_remove("VRAMCAP_GROUP_DIR").env("VRAMCAP_GROUP", "mine").env("VRAMCAP_GROUP_LIMIT", "1g").args(["init ctx 0 alloc 1m"]).run();
+    assert_eq!(out.ok().nth("alloc", 0).rc(), 0, "{}", out.stderr);
+    let md = std::fs::symlink_metadata(&dir).unwrap();
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    assert_eq!((md.uid(), md.permissions().mode() & 0o7777, md.is_dir()), (OTHER_UID, 0o700, true));
+    assert!(Path::new(&dir).join("vramcap-group-mine").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+    // Someone else (here root) made that directory first: refused, with what to do.
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let r = as_other_user("client_linked").unwrap();
+    let out = r.env_remove("VRAMCAP_GROUP_DIR").env("VRAMCAP_GROUP", "mine").env("VRAMCAP_GROUP_LIMIT", "1g").args(["init ctx 0 alloc 1m"]).run();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_refused(&out, "belongs to uid 0");
+}

@@ -74,6 +74,9 @@ pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>)
         return Ok(());
     }
     let name = cfg.name.clone().unwrap_or_else(container_name);
+    if cfg.dir == crate::config::group::default_dir() {
+        file::ensure_private_dir(&cfg.dir)?;
+    }
     let path = file::path_for(&cfg.dir, &name);
     let m = file::open_or_create(&path, &name)?;
     let s = m.shm;
