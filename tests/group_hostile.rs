@@ -253,3 +253,46 @@ fn the_default_directory_is_per_user_and_a_squatted_one_is_refused() {
     std::fs::remove_dir_all(&dir).unwrap();
     assert_refused(&out, "belongs to uid 0");
 }
+
+#[test]
+fn a_ledger_truncated_under_a_member_denies_and_never_kills_it() {
+    for client in ["client_linked", "client_procaddr"] {
+        let dir = private_group_dir();
+        let mut a = member(client, &dir, "cut", Some("1g"))
+            .args(["init ctx 0 alloc 100m sleep 1500 alloc 1m info free 0 free 1 alloc 2m"])
+            .spawn();
+        assert_eq!(a.wait_for("alloc").rc(), 0);
+        // `: > ledger` while A runs.
+        std::fs::File::create(file::path_for(dir.to_str().unwrap(), "cut")).unwrap();
+        let alloc = a.wait_for("alloc");
+        assert_ne!(alloc.rc(), 0, "{client}: the budget cannot be kept: denied");
+        assert_eq!(a.wait_for("free").rc(), 0, "{client}: what it holds can still be freed");
+        let status = a.child.wait().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(a.child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert!(status.success(), "{client}: the job must survive (no SIGBUS): {status:?} {err}");
+        assert!(err.contains("was truncated while in use") && err.contains("remove the ledger file"), "{client}: {err}");
+        assert_eq!(err.matches("was truncated while in use").count(), 1, "said once: {err}");
+        // A new member refuses the truncated file, and says so.
+        let out = member(client, &dir, "cut", None).args(["init ctx 0 alloc 1m"]).run();
+        assert!(out.stderr.contains("is truncated"), "{}", out.stderr);
+    }
+}
+
+#[test]
+fn an_observer_survives_a_ledger_truncated_under_it() {
+    let dir = private_group_dir();
+    let p = file::path_for(dir.to_str().unwrap(), "cut2");
+    let m = file::open_or_create(&p, "cut2").unwrap();
+    let slot = m.shm.claim(1, 1, 1).unwrap();
+    m.shm.charge(slot, 0, 5).unwrap();
+    // The sidecar maps a client's ledger; it is truncated before the sweep reads it.
+    let seen = file::open_existing(&p).unwrap().unwrap();
+    std::fs::File::create(&p).unwrap();
+    assert_eq!(group::reclaim_in(seen.shm), (0, 0));
+    assert_eq!(seen.shm.devices[0].limit.load(SeqCst), 1, "the replaced copy refuses everything");
+    assert!(seen.shm.reserve(0, 2).is_err());
+    seen.unmap();
+    m.unmap();
+    assert!(group::guard::lost());
+}

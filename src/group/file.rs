@@ -27,7 +27,9 @@ pub struct Mapping {
 
 impl Mapping {
     pub fn unmap(self) {
-        unsafe { libc::munmap(self.shm as *const Shared as *mut libc::c_void, self.len) };
+        let base = self.shm as *const Shared as usize;
+        super::guard::unprotect(base);
+        unsafe { libc::munmap(base as *mut libc::c_void, self.len) };
     }
 }
 
@@ -38,6 +40,8 @@ fn map_fd(fd: i32, p: &Path) -> Result<Mapping, String> {
     if ptr == libc::MAP_FAILED {
         return Err(os_err("map", p));
     }
+    // The file may be truncated later: a touch past its end is caught (see `guard`).
+    super::guard::protect(ptr as usize, LAYOUT_BYTES);
     Ok(Mapping { shm: unsafe { &*(ptr as *const Shared) }, len: LAYOUT_BYTES })
 }
 

@@ -13,6 +13,7 @@
 //! sidecar's sweep) finds the dead member by [`liveness`] and reclaims it.
 
 pub mod file;
+pub mod guard;
 pub mod liveness;
 pub mod shm;
 
@@ -166,6 +167,19 @@ pub fn reserve(dev: usize, size: u64) -> Result<(), Denied> {
 /// Would be denied: first give back what dead members still hold, then try once more.
 #[cold]
 fn reserve_after_reclaim(s: &Shared, slot: usize, e: usize, size: u64) -> Result<(), Denied> {
+    if guard::lost() {
+        // The ledger was swapped for a copy that refuses everything (see `guard`).
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Relaxed) {
+            crate::log::write_line(&format!(
+                "vramcap: the ledger of group \"{}\" was truncated while in use: denying every group allocation from \
+                 now on to keep the budget (memory already held stays usable and can be freed). Stop the group's \
+                 jobs, remove the ledger file and restart them",
+                name().unwrap_or("")
+            ));
+        }
+        return Err(Denied { used: 0, limit: 1, group: true });
+    }
     reclaim_in(s);
     s.charge(slot, e, size).map_err(|o| Denied { used: o.used, limit: o.limit, group: true })
 }

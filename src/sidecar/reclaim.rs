@@ -15,6 +15,9 @@ mod file;
 #[allow(dead_code)]
 #[path = "../group/liveness.rs"]
 mod liveness;
+#[allow(dead_code)]
+#[path = "../group/guard.rs"]
+mod guard;
 
 use super::state::Registry;
 use std::collections::BTreeSet;
