@@ -1,6 +1,7 @@
 //! Configuration from the environment, read once per process (and again after `exec`).
 //! Every variable is documented in docs/configuration.md.
 
+pub mod ceiling;
 pub mod group;
 pub mod limits;
 pub mod names;
@@ -38,6 +39,8 @@ pub struct Config {
     pub error: Option<ConfigError>,
     /// Non-fatal problems to print once.
     pub warnings: Vec<String>,
+    /// `/etc/vramcap/limits`, when present and trusted: limits the environment can only lower.
+    pub ceiling: Option<ceiling::Ceiling>,
 }
 
 impl Config {
@@ -87,7 +90,7 @@ impl Config {
         let real_libcuda = get("VRAMCAP_REAL_LIBCUDA").filter(|v| !v.trim().is_empty()).map(str::to_string);
         let trace = get("VRAMCAP_TRACE").filter(|v| !v.trim().is_empty()).map(str::to_string);
         let sidecar = get("VRAMCAP_SIDECAR").filter(|v| !v.trim().is_empty()).map(str::to_string);
-        Config { disabled, log_level, limits, group, real_libcuda, trace, sidecar, error, warnings }
+        Config { disabled, log_level, limits, group, real_libcuda, trace, sidecar, error, warnings, ceiling: None }
     }
 
     /// What a panicking parse leaves: an error, so CUDA initialisation fails instead of running
@@ -108,7 +111,7 @@ impl Config {
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
             .filter(|(k, _)| names::is_ours(k) || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT"))
             .collect();
-        Config::from_vars(&vars)
+        ceiling::from_env_vars(&vars)
     }
 }
 
