@@ -208,7 +208,11 @@ pub fn library(lib: Lib) -> *mut c_void {
 pub fn library_path(lib: Lib) -> String {
     match lib {
         Lib::Cuda => config::get().real_libcuda.clone().unwrap_or_else(|| "libcuda.so.1".into()),
-        Lib::Nvml => std::env::var("VRAMCAP_REAL_LIBNVML").unwrap_or_else(|_| "libnvidia-ml.so.1".into()),
+        // Never the caller's choice in a setuid/setgid/capability process (config::ceiling).
+        Lib::Nvml => std::env::var("VRAMCAP_REAL_LIBNVML")
+            .ok()
+            .filter(|v| !v.trim().is_empty() && !config::ceiling::secure_mode() && config::get().ceiling.is_none())
+            .unwrap_or_else(|| "libnvidia-ml.so.1".into()),
     }
 }
 

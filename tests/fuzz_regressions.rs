@@ -61,7 +61,7 @@ fn group_ledger() {
         let f = dir.join("ledger");
         std::fs::write(&f, &bytes).unwrap();
         if let Ok(Some(m)) = file::open_existing(&f) {
-            let _ = m.shm.reclaim_dead(1, &|_, _| shm::Liveness::Dead);
+            let _ = m.shm.reclaim_dead(1, &|ms: &[shm::Member]| vec![shm::Liveness::Dead; ms.len()]);
             m.unmap();
         }
         let _ = p;

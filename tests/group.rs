@@ -63,7 +63,9 @@ fn eight_racing_processes_never_hold_more_than_the_group_limit() {
     assert!(oom > 0, "the limit must have been contended");
     assert!(max as u64 > limit / 2, "the processes must really have shared the budget ({max})");
     let m = ledger(&dir, "race");
-    assert_eq!((used0(&m), m.shm.members()), (0, 0), "every member left and gave its charge back");
+    assert_eq!(used0(&m), 0, "every member freed what it took");
+    group::reclaim_in(m.shm);
+    assert_eq!(m.shm.members(), 0, "and is dead");
     assert!(m.shm.devices[0].peak.load(SeqCst) <= limit);
 }
 
@@ -87,6 +89,8 @@ fn a_sigkilled_member_is_reclaimed_for_the_others_exactly_once() {
     assert_eq!(out.nth("alloc", 0).rc(), 0, "{}", out.stderr);
     assert_eq!(out.nth("alloc", 1).rc(), 2, "C's charge must survive the reclaim");
     assert_eq!((out.nth("info", 0).num("free"), out.nth("info", 0).num("total")), (0, GIB));
+    // That member exited holding 768 MiB: dead now, reclaimed by whoever looks next.
+    assert_eq!(group::reclaim_in(m.shm), (1, 768 * MIB));
     assert_eq!((used0(&m), m.shm.members()), (256 * MIB, 1));
     // Killed with nobody allocating: the sidecar's periodic reclaim gives it back.
     c.sigkill();
@@ -104,7 +108,7 @@ fn a_reused_pid_is_reclaimed_but_the_live_process_with_it_keeps_its_charge() {
     let pid = live.pid();
     let (start, _) = file::proc_start(pid).unwrap();
     // A dead member whose pid the live one now has: same pid, earlier start time.
-    let ghost = m.shm.claim(pid, start - 1).unwrap();
+    let ghost = m.shm.claim(pid, start - 1, group::liveness::self_identity().1).unwrap();
     m.shm.charge(ghost, 0, 512 * MIB).unwrap();
     assert_eq!(used0(&m), 768 * MIB);
     assert_eq!(group::reclaim_in(m.shm), (1, 512 * MIB), "the ghost is dead whatever its pid says");
@@ -135,8 +139,28 @@ fn a_thousand_short_lived_members_leave_the_ledger_at_zero() {
     for w in workers {
         w.join().unwrap();
     }
+    // Their charges left when they died: the next one to need the budget (here the sidecar's
+    // sweep) finds them all dead.
     let m = ledger(&dir, "churn");
+    group::reclaim_in(m.shm);
     assert_eq!((used0(&m), m.shm.members()), (0, 0));
+}
+
+#[test]
+fn a_member_keeps_its_charge_until_it_is_dead_not_just_exiting() {
+    let dir = private_group_dir();
+    // A holds 200 MiB; after exit() began it sleeps 3 s in a later atexit handler (a C++
+    // destructor, a framework's shutdown) still holding that memory.
+    let mut a = member("client_linked", &dir, "exit", Some("256m")).args(["exitsleep 3000 init ctx 0 alloc 200m"]).spawn();
+    assert_eq!(a.wait_for("alloc").rc(), 0);
+    a.wait_for("exiting");
+    let out = member("client_procaddr", &dir, "exit", None).args(["init ctx 0 alloc 200m"]).run();
+    assert_eq!(out.ok().nth("alloc", 0).rc(), 2, "200 MiB more during A's exit would be 400 MiB under 256 MiB");
+    assert_eq!(used0(&ledger(&dir, "exit")), 200 * MIB, "an exiting member still holds its memory");
+    assert!(a.finish().success());
+    // Dead now: the next member's denial path reclaims it at once.
+    let out = member("client_procaddr", &dir, "exit", None).args(["init ctx 0 alloc 200m"]).run();
+    assert_eq!(out.ok().nth("alloc", 0).rc(), 0, "{}", out.stderr);
 }
 
 fn corrupt(dir: &PathBuf, how: &str) {

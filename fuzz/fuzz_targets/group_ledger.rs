@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(e < shm::DEVICES);
         let size = key >> (key % 64);
         let _ = s.set_limit(e, key.rotate_left(7));
-        if let Some(slot) = s.claim(4_000_000, 1) {
+        if let Some(slot) = s.claim(4_000_000, 1, 1) {
             let _ = s.charge(slot, e, size);
             s.charge_unchecked(slot, e, size);
             let _ = s.uncharge(slot, e, size.wrapping_mul(3));
@@ -52,7 +52,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = s.reserve(e, size);
     }
     // Every non-free slot counts as dead: reclaim must cope with any charges it finds.
-    let _ = s.reclaim_dead(1, &|_, _| shm::Liveness::Dead);
+    let _ = s.reclaim_dead(1, &|ms: &[shm::Member]| vec![shm::Liveness::Dead; ms.len()]);
     m.unmap();
 });
 

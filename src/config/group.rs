@@ -3,7 +3,14 @@
 
 use super::limits::{ConfigError, LimitSpec};
 
+/// Where the default per-user ledger directory is made.
 pub const DEFAULT_DIR: &str = "/dev/shm";
+
+/// Without `VRAMCAP_GROUP_DIR`: `/dev/shm/vramcap-<uid>`, a directory only this user can write
+/// (`/dev/shm` itself lets any user create a group's ledger first: issue 15).
+pub fn default_dir() -> String {
+    format!("{DEFAULT_DIR}/vramcap-{}", unsafe { libc::geteuid() })
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupConfig {
@@ -41,7 +48,7 @@ pub fn from_vars<'a>(
     let process = LimitSpec::from_family(vars.clone(), "VRAMCAP_LIMIT")?;
     let mut limits = LimitSpec::from_family(vars.clone(), "VRAMCAP_GROUP_LIMIT")?;
     let name = get("VRAMCAP_GROUP").map(check_name).transpose()?;
-    let dir = get("VRAMCAP_GROUP_DIR").unwrap_or(DEFAULT_DIR).to_string();
+    let dir = get("VRAMCAP_GROUP_DIR").map_or_else(default_dir, str::to_string);
     if name.is_none() && !limits.is_empty() {
         return Err(ConfigError {
             var: limits.entries[0].var.clone(),
@@ -57,6 +64,18 @@ pub fn from_vars<'a>(
         hami = !limits.is_empty();
     }
     let group = (name.is_some() || hami).then_some(GroupConfig { name, limits, dir });
+    if let Some(g) = &group
+        && !g.dir.starts_with('/')
+    {
+        // Relative to each member's working directory: one group would split into several
+        // ledgers, each with the whole budget.
+        return Err(ConfigError {
+            var: "VRAMCAP_GROUP_DIR".into(),
+            value: g.dir.clone(),
+            reason: "a relative path (members started in different directories would keep different ledgers)".into(),
+            expected: "an absolute path, such as /dev/shm/team-a".into(),
+        });
+    }
     Ok((process, group))
 }
 
@@ -75,7 +94,7 @@ mod tests {
         let g = g.unwrap();
         assert_eq!(g.name.as_deref(), Some("team"));
         assert_eq!(g.limits.entries[0].var, "VRAMCAP_GROUP_LIMIT");
-        assert_eq!(g.dir, DEFAULT_DIR);
+        assert_eq!(g.dir, format!("/dev/shm/vramcap-{}", unsafe { libc::geteuid() }));
         let (_, g) = parse(&[("VRAMCAP_GROUP", "t"), ("VRAMCAP_GROUP_LIMIT_1", "50%"), ("VRAMCAP_GROUP_DIR", "/x")]).unwrap();
         let g = g.unwrap();
         assert_eq!((g.limits.entries.len(), g.dir.as_str()), (1, "/x"));
@@ -96,6 +115,19 @@ mod tests {
         assert_eq!((p.entries.len(), g), (1, None));
         let (_, g) = parse(&[("CUDA_DEVICE_MEMORY_LIMIT", "6g"), ("VRAMCAP_GROUP", "m"), ("VRAMCAP_GROUP_LIMIT", "1g")]).unwrap();
         assert_eq!(g.unwrap().limits.entries[0].var, "VRAMCAP_GROUP_LIMIT");
+    }
+
+    #[test]
+    fn a_relative_group_dir_is_an_error() {
+        for d in ["groups", "./g", "../shm", "~/g"] {
+            let e = parse(&[("VRAMCAP_GROUP", "t"), ("VRAMCAP_GROUP_DIR", d)]).unwrap_err();
+            assert_eq!(e.var, "VRAMCAP_GROUP_DIR");
+            assert!(e.to_string().contains("absolute path"), "{e}");
+        }
+        let e = parse(&[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), ("VRAMCAP_GROUP_DIR", "g")]).unwrap_err();
+        assert_eq!(e.var, "VRAMCAP_GROUP_DIR");
+        // No group: the directory is not used.
+        assert!(parse(&[("VRAMCAP_GROUP_DIR", "g")]).is_ok());
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! Configuration from the environment, read once per process (and again after `exec`).
 //! Every variable is documented in docs/configuration.md.
 
+pub mod ceiling;
 pub mod group;
 pub mod limits;
+pub mod names;
 pub mod size;
 
 pub use group::GroupConfig;
@@ -37,13 +39,15 @@ pub struct Config {
     pub error: Option<ConfigError>,
     /// Non-fatal problems to print once.
     pub warnings: Vec<String>,
+    /// `/etc/vramcap/limits`, when present and trusted: limits the environment can only lower.
+    pub ceiling: Option<ceiling::Ceiling>,
 }
 
 impl Config {
     /// Pure: builds the configuration from `(name, value)` pairs.
     pub fn from_vars(vars: &[(String, String)]) -> Config {
         let get = |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-        let mut warnings = Vec::new();
+        let mut warnings = names::warnings(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let mut error = None;
         let log_level = match get("VRAMCAP_LOG").map(|v| v.trim().to_ascii_lowercase()) {
             None => Level::Warn,
@@ -83,10 +87,10 @@ impl Config {
                 (LimitSpec::default(), None)
             }
         };
-        let real_libcuda = get("VRAMCAP_REAL_LIBCUDA").filter(|v| !v.is_empty()).map(str::to_string);
+        let real_libcuda = get("VRAMCAP_REAL_LIBCUDA").filter(|v| !v.trim().is_empty()).map(str::to_string);
         let trace = get("VRAMCAP_TRACE").filter(|v| !v.trim().is_empty()).map(str::to_string);
         let sidecar = get("VRAMCAP_SIDECAR").filter(|v| !v.trim().is_empty()).map(str::to_string);
-        Config { disabled, log_level, limits, group, real_libcuda, trace, sidecar, error, warnings }
+        Config { disabled, log_level, limits, group, real_libcuda, trace, sidecar, error, warnings, ceiling: None }
     }
 
     /// What a panicking parse leaves: an error, so CUDA initialisation fails instead of running
@@ -105,9 +109,9 @@ impl Config {
     fn from_env() -> Config {
         let vars: Vec<(String, String)> = std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-            .filter(|(k, _)| k.starts_with("VRAMCAP_") || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT"))
+            .filter(|(k, _)| names::is_ours(k) || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT"))
             .collect();
-        Config::from_vars(&vars)
+        ceiling::from_env_vars(&vars)
     }
 }
 

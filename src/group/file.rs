@@ -1,7 +1,7 @@
 //! The ledger file: created complete or not at all, opened and checked, mapped `MAP_SHARED`;
 //! and what `/proc` says about a member's identity.
 
-use super::shm::{LAYOUT_BYTES, Liveness, Shared};
+use super::shm::{LAYOUT_BYTES, Shared};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -27,7 +27,9 @@ pub struct Mapping {
 
 impl Mapping {
     pub fn unmap(self) {
-        unsafe { libc::munmap(self.shm as *const Shared as *mut libc::c_void, self.len) };
+        let base = self.shm as *const Shared as usize;
+        super::guard::unprotect(base);
+        unsafe { libc::munmap(base as *mut libc::c_void, self.len) };
     }
 }
 
@@ -38,31 +40,61 @@ fn map_fd(fd: i32, p: &Path) -> Result<Mapping, String> {
     if ptr == libc::MAP_FAILED {
         return Err(os_err("map", p));
     }
+    // The file may be truncated later: a touch past its end is caught (see `guard`).
+    super::guard::protect(ptr as usize, LAYOUT_BYTES);
     Ok(Mapping { shm: unsafe { &*(ptr as *const Shared) }, len: LAYOUT_BYTES })
 }
 
-/// Opens an existing ledger and checks it; `Ok(None)` if there is none.
+/// What to say when a ledger or its directory may be another user's doing.
+const SQUAT_FIX: &str = "another user may have made it to block or take over the group: have its owner or root \
+     remove it, or set VRAMCAP_GROUP_DIR to a directory only the group's users can write";
+
+/// Opens an existing ledger and checks its contents; `Ok(None)` if there is none. Never follows
+/// a symbolic link and takes only a regular file. Any owner: the sidecar (root) uses this on
+/// every user's ledgers; a member uses [`open_member`].
 pub fn open_existing(p: &Path) -> Result<Option<Mapping>, String> {
-    let fd = unsafe { libc::open(cstr(p).as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    open_checked(p, false)
+}
+
+/// [`open_existing`] for a member, which also refuses a ledger another user could have made or
+/// can rewrite (see [`check_owner`]).
+pub fn open_member(p: &Path) -> Result<Option<Mapping>, String> {
+    open_checked(p, true)
+}
+
+fn open_checked(p: &Path, member: bool) -> Result<Option<Mapping>, String> {
+    let fd = unsafe { libc::open(cstr(p).as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK) };
     if fd < 0 {
-        if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
-            return Ok(None);
-        }
-        return Err(os_err("open", p));
+        return match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::ENOENT) => Ok(None),
+            Some(libc::ELOOP) => Err(format!("group ledger {} is a symbolic link, refused: {SQUAT_FIX}", p.display())),
+            _ => Err(os_err("open", p)),
+        };
     }
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    let size = if unsafe { libc::fstat(fd, &mut st) } == 0 { st.st_size as u64 } else { 0 };
-    if size < LAYOUT_BYTES as u64 {
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        let e = os_err("inspect", p);
         unsafe { libc::close(fd) };
-        // Mapping past the end would SIGBUS on first touch: refuse before mapping.
-        return Err(format!(
-            "group ledger {} is truncated ({size} bytes, expected {LAYOUT_BYTES})",
-            p.display()
-        ));
+        return Err(e);
     }
-    let m = map_fd(fd, p);
+    let checked = if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        Err(format!("group ledger {} is not a regular file, refused: {SQUAT_FIX}", p.display()))
+    } else if member {
+        check_owner(&st, p)
+    } else {
+        Ok(())
+    };
+    let size = st.st_size as u64;
+    let checked = checked.and_then(|()| {
+        if size < LAYOUT_BYTES as u64 {
+            // Mapping past the end would SIGBUS on first touch: refuse before mapping.
+            Err(format!("group ledger {} is truncated ({size} bytes, expected {LAYOUT_BYTES})", p.display()))
+        } else {
+            map_fd(fd, p)
+        }
+    });
     unsafe { libc::close(fd) };
-    let m = m?;
+    let m = checked?;
     if let Err(e) = m.shm.validate() {
         m.unmap();
         return Err(format!("group ledger {}: {e}", p.display()));
@@ -70,12 +102,83 @@ pub fn open_existing(p: &Path) -> Result<Option<Mapping>, String> {
     Ok(Some(m))
 }
 
+/// A member trusts a ledger that is not writable by every user and is its own or root's; or,
+/// in a directory not every user can write (made for the group by its administrator), one of
+/// its Unix groups' files. Anything else could be a squatter's: in `/dev/shm` any user can
+/// create `vramcap-group-<name>` first (with a limit of their choosing, or mode 0666).
+pub fn check_owner(st: &libc::stat, p: &Path) -> Result<(), String> {
+    let me = unsafe { libc::geteuid() };
+    if st.st_mode & 0o002 != 0 {
+        return Err(format!(
+            "group ledger {} is writable by every user (mode {:o}), refused: anyone could rewrite the group's limit; {SQUAT_FIX}",
+            p.display(),
+            st.st_mode & 0o7777
+        ));
+    }
+    if st.st_uid == me || st.st_uid == 0 {
+        return Ok(());
+    }
+    let dir = p.parent().unwrap_or(Path::new("/"));
+    let dir_shared_with_all = std::fs::metadata(dir).map_or(true, |m| {
+        use std::os::unix::fs::MetadataExt;
+        m.mode() & 0o002 != 0
+    });
+    if !dir_shared_with_all && in_my_groups(st.st_gid) {
+        return Ok(());
+    }
+    Err(format!(
+        "group ledger {} belongs to uid {} (this process runs as uid {me}){}, refused: {SQUAT_FIX}",
+        p.display(),
+        st.st_uid,
+        if dir_shared_with_all { " in a directory every user can write" } else { " and a Unix group this process is not in" }
+    ))
+}
+
+fn in_my_groups(gid: libc::gid_t) -> bool {
+    if unsafe { libc::getegid() } == gid {
+        return true;
+    }
+    let mut groups = [0 as libc::gid_t; 256];
+    let n = unsafe { libc::getgroups(groups.len() as i32, groups.as_mut_ptr()) };
+    n > 0 && groups[..n as usize].contains(&gid)
+}
+
+/// Makes (or checks) the default per-user directory: a real directory of ours that nobody else
+/// can write. A squatter's directory of that name is refused, never used.
+pub fn ensure_private_dir(dir: &str) -> Result<(), String> {
+    let c = CString::new(dir).map_err(|_| format!("group directory {dir:?} contains a NUL byte"))?;
+    if unsafe { libc::mkdir(c.as_ptr(), 0o700) } != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+        return Err(format!("cannot create group directory {dir}: {}", std::io::Error::last_os_error()));
+    }
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::lstat(c.as_ptr(), &mut st) } != 0 {
+        return Err(format!("cannot inspect group directory {dir}: {}", std::io::Error::last_os_error()));
+    }
+    let me = unsafe { libc::geteuid() };
+    let problem = if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        Some("is not a directory (a symbolic link or a file)".to_string())
+    } else if st.st_uid != me {
+        Some(format!("belongs to uid {} (this process runs as uid {me})", st.st_uid))
+    } else if st.st_mode & 0o022 != 0 {
+        Some(format!("can be written by other users (mode {:o})", st.st_mode & 0o7777))
+    } else {
+        None
+    };
+    match problem {
+        None => Ok(()),
+        Some(why) => Err(format!(
+            "group directory {dir} (the default for uid {me}) {why}, refused: another user may have made it to block or \
+             take over your groups; have root remove it, or set VRAMCAP_GROUP_DIR to a directory only your group's users can write"
+        )),
+    }
+}
+
 /// Opens the ledger, creating it if absent. A new ledger is built in a private temporary file
 /// and published with `link()`, which fails if another member published first: nobody ever
 /// sees a half-initialised file.
 pub fn open_or_create(p: &Path, name: &str) -> Result<Mapping, String> {
     for _ in 0..8 {
-        if let Some(m) = open_existing(p)? {
+        if let Some(m) = open_member(p)? {
             return Ok(m);
         }
         let tmp = p.with_file_name(format!(
@@ -86,7 +189,7 @@ pub fn open_or_create(p: &Path, name: &str) -> Result<Mapping, String> {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
         ));
         let fd = unsafe {
-            libc::open(cstr(&tmp).as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o660)
+            libc::open(cstr(&tmp).as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o660)
         };
         if fd < 0 {
             return Err(os_err("create", &tmp));
@@ -118,67 +221,21 @@ pub fn open_or_create(p: &Path, name: &str) -> Result<Mapping, String> {
     Err(format!("group ledger {} keeps appearing and vanishing", p.display()))
 }
 
-/// Field 22 (`starttime`) of `/proc/<pid>/stat`, and whether the process is a zombie.
+/// Start time of a pid of our own namespace, and whether it is a zombie.
 pub fn proc_start(pid: u32) -> Option<(u64, bool)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&s)
+    super::liveness::proc_start_of(&pid.to_string())
 }
 
-/// The command name (field 2) may contain spaces and parentheses: fields are counted after the
-/// last `)`.
-pub fn parse_stat(s: &str) -> Option<(u64, bool)> {
-    let rest = &s[s.rfind(')')? + 1..];
-    let mut f = rest.split_whitespace(); // field 3 onwards
-    let state = f.next()?;
-    let start = f.nth(18)?.parse().ok()?; // field 22
-    Some((start, state == "Z" || state == "X"))
-}
-
-/// This process's identity as other members will check it.
+/// This process's start time as other members will check it.
 pub fn self_start() -> u64 {
-    proc_start(std::process::id()).map_or(0, |(s, _)| s)
+    super::liveness::self_identity().0
 }
 
-/// Alive unless the pid is gone, is a zombie, or carries another start time (reused pid).
-/// `start == 0` asks only whether the pid exists. A pid we may not signal (another user) and
-/// whose `/proc` entry we cannot read counts as alive: never reclaim on a guess.
-pub fn liveness(pid: u32, start: u64) -> Liveness {
-    if pid == 0 || pid > i32::MAX as u32 {
-        return Liveness::Dead;
-    }
-    if unsafe { libc::kill(pid as i32, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
-        return Liveness::Dead;
-    }
-    match proc_start(pid) {
-        Some((_, true)) => Liveness::Dead,
-        Some((s, false)) if start != 0 && s != start => Liveness::Dead,
-        _ => Liveness::Alive,
-    }
-}
-
+#[allow(unused_imports)] // the fuzz targets parse through here
+pub use super::liveness::{liveness, parse_stat};
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stat_parsing_survives_odd_command_names() {
-        let line = "1234 (a) b (c)) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 987654 20 21";
-        assert_eq!(parse_stat(line), Some((987654, false)));
-        let z = "7 (x) Z 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 42 20";
-        assert_eq!(parse_stat(z), Some((42, true)));
-        assert_eq!(parse_stat("garbage"), None);
-    }
-
-    #[test]
-    fn own_identity_is_alive_and_a_wrong_start_is_not() {
-        let me = std::process::id();
-        let s = self_start();
-        assert!(s > 0);
-        assert_eq!(liveness(me, s), Liveness::Alive);
-        assert_eq!(liveness(me, 0), Liveness::Alive);
-        assert_eq!(liveness(me, s + 1), Liveness::Dead, "same pid, other start time: a reused pid");
-        assert_eq!(liveness(0, 0), Liveness::Dead);
-    }
 
     #[test]
     fn create_then_open_and_refuse_corruption() {

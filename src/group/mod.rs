@@ -6,13 +6,20 @@
 //! Nothing here waits on another process: reservation is one CAS on the group's counter, slot
 //! registration one CAS on a slot word. A member killed at any point costs the others at most
 //! the one allocation it was in the middle of (counted, never lost).
+//!
+//! A member's charge leaves the group when the member dies, not when it starts exiting: after
+//! `exit()` begins, other atexit handlers, C++ destructors and threads still run and still hold
+//! the memory (issue 15). Whoever next needs the budget (a member about to be denied, or the
+//! sidecar's sweep) finds the dead member by [`liveness`] and reclaims it.
 
 pub mod file;
+pub mod guard;
+pub mod liveness;
 pub mod shm;
 
 use crate::config::{GroupConfig, limits::DeviceInfo, size::human};
 use crate::ledger::{Denied, MAX_DEVICES};
-use shm::{Shared, SlotWord, State};
+use shm::Shared;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicUsize, Ordering::*};
 
@@ -22,8 +29,6 @@ const NO_ENTRY: u16 = u16::MAX;
 /// This process's CUDA ordinal → the group's device entry.
 static ENTRY: [AtomicU16; MAX_DEVICES] = [const { AtomicU16::new(NO_ENTRY) }; MAX_DEVICES];
 const NO_SLOT: usize = usize::MAX;
-/// After `exit()` began: charges are no longer taken.
-const CLOSED: usize = usize::MAX - 1;
 static MY_SLOT: AtomicUsize = AtomicUsize::new(NO_SLOT);
 
 /// The group this process belongs to (trace header, sidecar metrics).
@@ -70,6 +75,9 @@ pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>)
         return Ok(());
     }
     let name = cfg.name.clone().unwrap_or_else(container_name);
+    if cfg.dir == crate::config::group::default_dir() {
+        file::ensure_private_dir(&cfg.dir)?;
+    }
     let path = file::path_for(&cfg.dir, &name);
     let m = file::open_or_create(&path, &name)?;
     let s = m.shm;
@@ -117,10 +125,10 @@ pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>)
 }
 
 fn register(s: &Shared) -> Option<usize> {
-    let (pid, start) = (std::process::id(), file::self_start());
-    s.claim(pid, start).or_else(|| {
+    let (pid, (start, pidns)) = (std::process::id(), liveness::self_identity());
+    s.claim(pid, start, pidns).or_else(|| {
         reclaim_in(s);
-        s.claim(pid, start)
+        s.claim(pid, start, pidns)
     })
 }
 
@@ -128,7 +136,6 @@ fn register(s: &Shared) -> Option<usize> {
 #[inline]
 fn my_slot(s: &Shared) -> Option<usize> {
     match MY_SLOT.load(Acquire) {
-        CLOSED => None,
         NO_SLOT => register_late(s),
         i => Some(i),
     }
@@ -139,10 +146,6 @@ fn register_late(s: &Shared) -> Option<usize> {
     let slot = register(s)?;
     match MY_SLOT.compare_exchange(NO_SLOT, slot, AcqRel, Acquire) {
         Ok(_) => Some(slot),
-        Err(CLOSED) => {
-            s.reclaim(slot, s.slots[slot].word.load(Acquire), std::process::id());
-            None
-        }
         Err(winner) => {
             s.reclaim(slot, s.slots[slot].word.load(Acquire), std::process::id());
             Some(winner)
@@ -164,6 +167,19 @@ pub fn reserve(dev: usize, size: u64) -> Result<(), Denied> {
 /// Would be denied: first give back what dead members still hold, then try once more.
 #[cold]
 fn reserve_after_reclaim(s: &Shared, slot: usize, e: usize, size: u64) -> Result<(), Denied> {
+    if guard::lost() {
+        // The ledger was swapped for a copy that refuses everything (see `guard`).
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Relaxed) {
+            crate::log::write_line(&format!(
+                "vramcap: the ledger of group \"{}\" was truncated while in use: denying every group allocation from \
+                 now on to keep the budget (memory already held stays usable and can be freed). Stop the group's \
+                 jobs, remove the ledger file and restart them",
+                name().unwrap_or("")
+            ));
+        }
+        return Err(Denied { used: 0, limit: 1, group: true });
+    }
     reclaim_in(s);
     s.charge(slot, e, size).map_err(|o| Denied { used: o.used, limit: o.limit, group: true })
 }
@@ -197,33 +213,17 @@ pub fn reclaim_in(s: &Shared) -> (usize, u64) {
 
 static HOOKS: AtomicBool = AtomicBool::new(false);
 
+/// No atexit hook: the charge stays while the process lives (see the module comment).
 fn install_process_hooks() {
     if HOOKS.swap(true, AcqRel) {
         return;
     }
     unsafe {
-        libc::atexit(leave);
         libc::pthread_atfork(None, None, Some(forked_child));
-    }
-}
-
-/// At `exit()` the driver is about to free everything this process holds: give it back now.
-/// (A killed process is reclaimed by the others instead.)
-extern "C" fn leave() {
-    let slot = MY_SLOT.swap(CLOSED, AcqRel);
-    let Some(s) = shared() else { return };
-    if slot < shm::SLOTS {
-        let w = s.slots[slot].word.load(Acquire);
-        let sw = SlotWord::unpack(w);
-        if sw.state == State::Live && sw.pid == std::process::id() {
-            s.reclaim(slot, w, sw.pid);
-        }
     }
 }
 
 /// A child is a new member: it registers its own slot on its first charge.
 extern "C" fn forked_child() {
-    if MY_SLOT.load(Relaxed) != CLOSED {
-        MY_SLOT.store(NO_SLOT, Relaxed);
-    }
+    MY_SLOT.store(NO_SLOT, Relaxed);
 }

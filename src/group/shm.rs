@@ -6,8 +6,9 @@
 //! - A **device entry** per GPU (keyed by a hash of its UUID, so members with different
 //!   `CUDA_VISIBLE_DEVICES` agree on which GPU is which) holds the group's `limit` and `used`.
 //!   Reserving is one CAS on `used` that fails when `used + size > limit`.
-//! - A **slot** per member process holds its identity (pid + start time from `/proc/<pid>/stat`)
-//!   and what it has charged on each device entry. Invariant: `used ≥ Σ slot charges`; every
+//! - A **slot** per member process holds its identity (pid, start time from `/proc/self/stat`
+//!   and PID namespace inode, so that an observer in another PID namespace can find it: see
+//!   `file::liveness`) and what it has charged on each device entry. Invariant: `used ≥ Σ slot charges`; every
 //!   step that could be interrupted errs on the side of `used` being too high (a leak makes the
 //!   cap stricter, never looser).
 //! - A dead member's slot is reclaimed by whoever first moves its word from LIVE to RECLAIMING
@@ -17,7 +18,8 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
-pub const VERSION: u32 = 1;
+/// 2: slots carry the member's PID namespace; claim and release publish with compare-and-swap.
+pub const VERSION: u32 = 2;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
 pub const NAME_BYTES: usize = 64;
@@ -52,6 +54,9 @@ pub struct Slot {
     pub word: AtomicU64,
     /// Owner's start time (clock ticks after boot, `/proc/<pid>/stat` field 22).
     pub start: AtomicU64,
+    /// Inode of the owner's PID namespace (`/proc/self/ns/pid`); its pid is a pid of that
+    /// namespace. 0: unknown (judged as the observer's own namespace).
+    pub pidns: AtomicU64,
     /// Bytes charged per device entry.
     pub charge: [AtomicU64; DEVICES],
 }
@@ -98,13 +103,28 @@ impl SlotWord {
     }
 }
 
-/// Whether the process named by a slot still runs.
+/// Whether the process named by a slot still runs. An observer that cannot tell says `Alive`:
+/// a charge is never reclaimed on a guess.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Liveness {
     Alive,
     /// Gone, or its pid now belongs to a process with another start time.
     Dead,
 }
+
+/// Who a slot names, as read from the ledger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// The pid in the member's own PID namespace.
+    pub pid: u32,
+    /// 0 = unknown (then only the pid's existence counts).
+    pub start: u64,
+    pub pidns: u64,
+}
+
+/// Judges a batch of members at once (an observer may need one `/proc` scan for all of them),
+/// returning one verdict per member in order.
+pub type Judge<'a> = &'a dyn Fn(&[Member]) -> Vec<Liveness>;
 
 /// Stable, never-zero key of a GPU (FNV-1a of its UUID string).
 pub fn device_key(id: &str) -> u64 {
@@ -236,8 +256,10 @@ impl Shared {
         taken
     }
 
-    /// Takes a free slot for `pid`/`start`.
-    pub fn claim(&self, pid: u32, start: u64) -> Option<usize> {
+    /// Takes a free slot for a member. The identity is written while the slot is CLAIMING and
+    /// published with a CAS: an observer that misjudged us and took the slot meanwhile makes the
+    /// CAS fail, and we take another slot instead of sharing one.
+    pub fn claim(&self, pid: u32, start: u64, pidns: u64) -> Option<usize> {
         for (i, s) in self.slots.iter().enumerate() {
             let w = s.word.load(Acquire);
             let sw = SlotWord::unpack(w);
@@ -247,8 +269,11 @@ impl Shared {
             let claiming = SlotWord { state: State::Claiming, generation: sw.generation.wrapping_add(1), pid };
             if s.word.compare_exchange(w, claiming.pack(), AcqRel, Relaxed).is_ok() {
                 s.start.store(start, Release);
-                s.word.store(SlotWord { state: State::Live, ..claiming }.pack(), Release);
-                return Some(i);
+                s.pidns.store(pidns, Release);
+                let live = SlotWord { state: State::Live, ..claiming }.pack();
+                if s.word.compare_exchange(claiming.pack(), live, AcqRel, Relaxed).is_ok() {
+                    return Some(i);
+                }
             }
         }
         None
@@ -270,27 +295,39 @@ impl Shared {
                 total += held;
             }
         }
-        s.start.store(0, Relaxed);
-        s.word.store(SlotWord { state: State::Free, generation: sw.generation, pid: 0 }.pack(), Release);
+        // A CAS, not a store: if another observer took the emptying over (it judged us dead),
+        // exactly one of us frees the slot, and never over a member that claimed it since.
+        let free = SlotWord { state: State::Free, generation: sw.generation, pid: 0 }.pack();
+        let _ = s.word.compare_exchange(mine.pack(), free, AcqRel, Relaxed);
         Some(total)
     }
 
-    /// Reclaims every slot whose owner is gone (`alive` is asked about LIVE/CLAIMING owners with
-    /// their start time, and about reclaimers with start 0). Returns (slots, bytes) reclaimed.
-    pub fn reclaim_dead(&self, me: u32, alive: &dyn Fn(u32, u64) -> Liveness) -> (usize, u64) {
-        let (mut n, mut bytes) = (0, 0);
+    /// Reclaims every slot whose owner is gone. All words are read first, then `judge` is asked
+    /// about their owners at once, then each slot is reclaimed with a CAS on the word read: a
+    /// process that claimed a slot before the judge looked is seen by it, and a slot re-taken
+    /// since has another generation and is left alone. CLAIMING and RECLAIMING slots are judged
+    /// by the identity they carry too: taking over from a live claimer or reclaimer is harmless
+    /// (charges leave by swap, words change by CAS). Returns (slots, bytes) reclaimed.
+    pub fn reclaim_dead(&self, me: u32, judge: Judge) -> (usize, u64) {
+        let mut words = Vec::new();
+        let mut members = Vec::new();
         for (i, s) in self.slots.iter().enumerate() {
             let w = s.word.load(Acquire);
             let sw = SlotWord::unpack(w);
-            let dead = match sw.state {
-                State::Free => false,
-                State::Live => alive(sw.pid, s.start.load(Acquire)) == Liveness::Dead,
-                // Neither carries a start time we can trust: only a vanished pid counts.
-                State::Claiming | State::Reclaiming => alive(sw.pid, 0) == Liveness::Dead,
-            };
-            // The word is compared again by the CAS: a slot re-taken meanwhile has another
-            // generation and is left alone.
-            if dead && let Some(b) = self.reclaim(i, w, me) {
+            if sw.state == State::Free {
+                continue;
+            }
+            let start = if sw.state == State::Live { s.start.load(Acquire) } else { 0 };
+            words.push((i, w));
+            members.push(Member { pid: sw.pid, start, pidns: s.pidns.load(Acquire) });
+        }
+        if members.is_empty() {
+            return (0, 0);
+        }
+        let verdicts = judge(&members);
+        let (mut n, mut bytes) = (0, 0);
+        for (&(i, w), v) in words.iter().zip(verdicts) {
+            if v == Liveness::Dead && let Some(b) = self.reclaim(i, w, me) {
                 n += 1;
                 bytes += b;
             }
@@ -375,14 +412,14 @@ mod tests {
     fn charges_respect_the_limit_and_release_exactly() {
         let s = fresh();
         s.set_limit(0, 100);
-        let m = s.claim(10, 5).unwrap();
+        let m = s.claim(10, 5, 7).unwrap();
         assert!(s.charge(m, 0, 60).is_ok());
         assert_eq!(s.charge(m, 0, 41), Err(Over { used: 60, limit: 100 }));
         assert!(s.charge(m, 0, 40).is_ok());
         assert_eq!(s.uncharge(m, 0, 30), 30);
         assert_eq!(s.devices[0].used.load(Relaxed), 70);
         // More than the slot holds: only what it holds leaves the group.
-        let other = s.claim(11, 5).unwrap();
+        let other = s.claim(11, 5, 7).unwrap();
         s.charge(other, 0, 20).unwrap();
         assert_eq!(s.uncharge(m, 0, 1000), 70);
         assert_eq!(s.devices[0].used.load(Relaxed), 20);
@@ -394,13 +431,15 @@ mod tests {
     #[test]
     fn dead_members_are_reclaimed_once_and_pid_reuse_is_not_death() {
         let s = fresh();
-        let dead = s.claim(100, 1111).unwrap();
-        let live = s.claim(100, 2222).unwrap(); // same pid, newer start: the pid was reused
+        let dead = s.claim(100, 1111, 7).unwrap();
+        let live = s.claim(100, 2222, 7).unwrap(); // same pid, newer start: the pid was reused
         s.charge(dead, 3, 500).unwrap();
         s.charge(live, 3, 70).unwrap();
         // The only process with pid 100 started at 2222.
-        let oracle = |pid: u32, start: u64| {
-            if pid == 100 && (start == 2222 || start == 0) { Liveness::Alive } else { Liveness::Dead }
+        let oracle = |ms: &[Member]| {
+            ms.iter()
+                .map(|m| if m.pid == 100 && (m.start == 2222 || m.start == 0) { Liveness::Alive } else { Liveness::Dead })
+                .collect::<Vec<_>>()
         };
         assert_eq!(s.reclaim_dead(1, &oracle), (1, 500));
         assert_eq!(s.devices[3].used.load(Relaxed), 70);
@@ -409,7 +448,7 @@ mod tests {
         assert_eq!(s.reclaim_dead(1, &oracle), (0, 0), "exactly once");
         // A stale view of the reclaimed slot (older generation) cannot reclaim the new owner.
         let stale = SlotWord { state: State::Live, generation: 1, pid: 100 }.pack();
-        let again = s.claim(300, 9).unwrap();
+        let again = s.claim(300, 9, 7).unwrap();
         assert_eq!(again, dead);
         s.charge(again, 3, 5).unwrap();
         assert_eq!(s.reclaim(again, stale, 1), None);
@@ -420,16 +459,38 @@ mod tests {
     #[test]
     fn a_reclaimer_that_died_midway_is_taken_over() {
         let s = fresh();
-        let m = s.claim(50, 1).unwrap();
+        let m = s.claim(50, 1, 7).unwrap();
         s.charge(m, 0, 8).unwrap();
         // Reclaimer 60 took the slot and died before emptying it.
         let w = s.slots[m].word.load(Relaxed);
         let stuck = SlotWord { state: State::Reclaiming, pid: 60, ..SlotWord::unpack(w) }.pack();
         s.slots[m].word.store(stuck, Relaxed);
-        let oracle = |pid: u32, _| if pid == 60 || pid == 50 { Liveness::Dead } else { Liveness::Alive };
+        let oracle = |ms: &[Member]| {
+            ms.iter().map(|m| if m.pid == 60 || m.pid == 50 { Liveness::Dead } else { Liveness::Alive }).collect::<Vec<_>>()
+        };
         assert_eq!(s.reclaim_dead(7, &oracle), (1, 8));
         assert_eq!(s.devices[0].used.load(Relaxed), 0);
         assert_eq!(s.members(), 0);
+    }
+
+    #[test]
+    fn a_taken_over_reclaim_frees_once_and_never_over_a_new_claim() {
+        let s = fresh();
+        let m = s.claim(50, 1, 7).unwrap();
+        s.charge(m, 0, 8).unwrap();
+        let w = s.slots[m].word.load(Relaxed);
+        // Observer A starts emptying; observer B judges A dead and takes over and finishes.
+        let a = SlotWord { state: State::Reclaiming, pid: 60, ..SlotWord::unpack(w) }.pack();
+        s.slots[m].word.store(a, Relaxed);
+        assert_eq!(s.reclaim(m, a, 61), Some(8));
+        // A new member takes the slot; A's late finish must not free it.
+        let again = s.claim(70, 2, 7).unwrap();
+        assert_eq!(again, m);
+        let free = SlotWord { state: State::Free, generation: SlotWord::unpack(a).generation, pid: 0 }.pack();
+        assert!(s.slots[m].word.compare_exchange(a, free, AcqRel, Relaxed).is_err());
+        assert_eq!(SlotWord::unpack(s.slots[m].word.load(Relaxed)).state, State::Live);
+        assert_eq!((s.slots[m].pidns.load(Relaxed), s.slots[m].start.load(Relaxed)), (7, 2));
+        assert_eq!(s.devices[0].used.load(Relaxed), 0);
     }
 
     #[test]
@@ -439,7 +500,7 @@ mod tests {
         let ts: Vec<_> = (0..8u32)
             .map(|t| {
                 std::thread::spawn(move || {
-                    let m = s.claim(1000 + t, 1).unwrap();
+                    let m = s.claim(1000 + t, 1, 7).unwrap();
                     for i in 0..20_000u64 {
                         if s.charge(m, 0, 1 + i % 13).is_ok() {
                             assert!(s.devices[0].used.load(Relaxed) <= 1000);

@@ -92,7 +92,11 @@ fn resolve() -> Result<(), LimitsError> {
 /// Per-process limits into the ledger, then the group joined (its file opened or created).
 /// Racing resolvers compute the same values; doing it twice is harmless.
 fn apply(cfg: &config::Config, devices: &[DeviceInfo]) -> Result<(), String> {
-    let limits = cfg.limits.resolve(devices).map_err(|e| e.to_string())?;
+    let mut limits = cfg.limits.resolve(devices).map_err(|e| e.to_string())?;
+    if let Some(c) = &cfg.ceiling {
+        let ceiling = c.limits.resolve(devices).map_err(|e| e.to_string())?;
+        say_capped("VRAMCAP_LIMIT", &c.path, config::ceiling::cap(&mut limits, &ceiling), &ceiling);
+    }
     for (d, &l) in limits.iter().enumerate() {
         ledger::set_limit(d, l);
         if l > 0 {
@@ -100,11 +104,27 @@ fn apply(cfg: &config::Config, devices: &[DeviceInfo]) -> Result<(), String> {
         }
     }
     if let Some(g) = &cfg.group {
-        let glimits = if g.limits.is_empty() { None } else { Some(g.limits.resolve(devices).map_err(|e| e.to_string())?) };
+        let mut glimits = if g.limits.is_empty() { None } else { Some(g.limits.resolve(devices).map_err(|e| e.to_string())?) };
+        if let (Some(c), Some(gl)) = (&cfg.ceiling, glimits.as_mut())
+            && !c.group_limits.is_empty()
+        {
+            let ceiling = c.group_limits.resolve(devices).map_err(|e| e.to_string())?;
+            say_capped("VRAMCAP_GROUP_LIMIT", &c.path, config::ceiling::cap(gl, &ceiling), &ceiling);
+        }
         crate::group::attach(g, devices, glimits.as_deref())?;
         log_at!(Level::Info, "group \"{}\": joined", crate::group::name().unwrap_or(""));
     }
     Ok(())
+}
+
+/// One line for the devices where the environment asked above the platform's ceiling.
+fn say_capped(var: &str, path: &str, devices: Vec<usize>, ceiling: &[u64]) {
+    for d in devices {
+        crate::log::write_line(&format!(
+            "vramcap: {var} above the ceiling {} for device {d} in {path}: using the ceiling (the environment can only lower it)",
+            human(ceiling[d])
+        ));
+    }
 }
 
 fn query_devices() -> Option<Vec<DeviceInfo>> {

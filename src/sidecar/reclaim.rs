@@ -12,6 +12,12 @@ mod shm;
 #[allow(dead_code)]
 #[path = "../group/file.rs"]
 mod file;
+#[allow(dead_code)]
+#[path = "../group/liveness.rs"]
+mod liveness;
+#[allow(dead_code)]
+#[path = "../group/guard.rs"]
+mod guard;
 
 use super::state::Registry;
 use std::collections::BTreeSet;

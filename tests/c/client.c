@@ -21,6 +21,9 @@
  *   threads T N MAX SEED -> threads ok=A oom=O other=E
  *   bench N SIZE         -> bench ns_per_pair=X errors=E
  *   sleep MS             -> sleep ok
+ *   exitsleep MS         -> exitsleep ok; at exit (after handlers registered later, such as
+ *                           vramcap's, have run) prints "exiting" and sleeps MS while still
+ *                           holding its memory, like a C++ destructor or a slow atexit handler
  *   record N MAX HOLD_US SEED -> one "held t0=.. t1=.. size=.." line per granted allocation
  *                           (CLOCK_MONOTONIC ns: t0 after cuMemAlloc_v2 returned, t1 before
  *                           cuMemFree_v2 is called; the memory is certainly held in between),
@@ -297,6 +300,15 @@ static unsigned long long now_ns(void)
     return (unsigned long long)t.tv_sec * 1000000000ULL + (unsigned long long)t.tv_nsec;
 }
 
+static long g_exit_sleep_ms;
+
+static void exit_sleep(void)
+{
+    struct timespec ts = { g_exit_sleep_ms / 1000, (g_exit_sleep_ms % 1000) * 1000000L };
+    out("exiting");
+    nanosleep(&ts, NULL);
+}
+
 /* What this process holds over time, for checks that must not trust the ledger. */
 static void op_record(unsigned long long n, unsigned long long maxsize, unsigned long long hold_us,
                       unsigned long long seed)
@@ -441,6 +453,10 @@ int client_run(const struct cu_api *api, int argc, char **argv)
             struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
             nanosleep(&ts, NULL);
             out("sleep ok");
+        } else if (!strcmp(op, "exitsleep")) {
+            g_exit_sleep_ms = parse_long(ARG());
+            atexit(exit_sleep);
+            out("exitsleep ok");
         } else if (client_lifecycle_op(op, &i, argc, argv)) {
             /* handled in ops_lifecycle.c */
         } else if (client_fault_op(op, &i, argc, argv, new_slot_ull)) {

@@ -135,6 +135,11 @@ impl Run {
         self
     }
 
+    pub fn env_remove(mut self, k: &str) -> Run {
+        self.cmd.env_remove(k);
+        self
+    }
+
     pub fn args<I: IntoIterator<Item = S>, S: AsRef<str>>(mut self, args: I) -> Run {
         for a in args {
             for w in a.as_ref().split_whitespace() {
