@@ -60,3 +60,35 @@ fn a_driver_that_cannot_be_opened_is_reported_and_nothing_is_handed_out() {
     assert_ne!(out.nth("alloc", 0).rc(), 0);
     assert!(out.stderr.contains("vramcap: cannot open /nonexistent/libcuda.so.1"), "{}", out.stderr);
 }
+
+/// A limit whose value is not UTF-8 cannot be read as the cap it meant: treating it as unset ran
+/// the job uncapped without a word. It is invalid input on every path, with the variable named.
+#[test]
+fn a_limit_that_is_not_utf8_fails_closed_on_every_path() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let bad = OsStr::from_bytes(b"1\xffg");
+    let cases: [(&str, &[(&str, &str)]); 5] = [
+        ("VRAMCAP_LIMIT", &[]),
+        ("VRAMCAP_LIMIT_0", &[]),
+        ("VRAMCAP_GROUP_LIMIT", &[("VRAMCAP_GROUP", "utf8test")]),
+        ("CUDA_DEVICE_MEMORY_LIMIT", &[]),
+        ("CUDA_DEVICE_MEMORY_LIMIT_0", &[]),
+    ];
+    for (var, extra) in cases {
+        for client in ["client_linked", "client_dlsym", "client_procaddr"] {
+            let mut r = Run::client(client).env(var, bad);
+            for (k, v) in extra {
+                r = r.env(k, v);
+            }
+            let out = r.args(["init ctx 0 alloc 1m"]).run();
+            assert_ne!(out.nth("init", 0).rc(), 0, "{client} {var}: CUDA initialised with an unreadable limit");
+            assert_ne!(out.nth("alloc", 0).rc(), 0, "{client} {var}: memory handed out");
+            assert!(
+                out.stderr.contains(var) && out.stderr.contains("not valid UTF-8"),
+                "{client} {var}: no message naming the variable:\n{}",
+                out.stderr
+            );
+        }
+    }
+}

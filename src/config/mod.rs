@@ -103,11 +103,13 @@ impl Config {
     }
 
     fn from_env() -> Config {
-        let vars: Vec<(String, String)> = std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-            .filter(|(k, _)| k.starts_with("VRAMCAP_") || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT"))
-            .collect();
-        Config::from_vars(&vars)
+        let (vars, bad) = group::vars_from(std::env::vars_os());
+        let mut c = Config::from_vars(&vars);
+        // A variable we could not read is no variable: the limit it meant would silently vanish.
+        if let Some(e) = bad {
+            c.error = Some(e);
+        }
+        c
     }
 }
 
