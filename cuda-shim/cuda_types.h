@@ -206,6 +206,27 @@ CUresult cuMemHostUnregister(void *p);
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags);
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
 
+/* Legacy ABIs (before CUDA 3.2 / 4.0 / 6.5 / 11.0) a driver still exports and cuGetProcAddress
+ * still hands out for an old enough version (legacy.c). */
+typedef struct {
+    unsigned int Width, Height;
+    int Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR_v1;
+typedef struct {
+    unsigned int Width, Height, Depth;
+    int Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR_v1;
+CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int width, unsigned int height,
+                         unsigned int elem);
+CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *desc);
+CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc);
+CUresult cuMemAllocHost(void **pp, unsigned int bytesize);
+CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int flags);
+CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags);
+
 #ifdef __cplusplus
 }
 #endif

@@ -91,6 +91,26 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR {
     pub flags: c_uint,
 }
 
+/// The descriptor of the legacy `cuArrayCreate` ABI (32-bit sizes, before CUDA 3.2).
+#[repr(C)]
+pub struct CUDA_ARRAY_DESCRIPTOR_v1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub format: c_int,
+    pub num_channels: c_uint,
+}
+
+/// The descriptor of the legacy `cuArray3DCreate` ABI.
+#[repr(C)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR_v1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub depth: c_uint,
+    pub format: c_int,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
 /// `CUipcMemHandle`: 64 opaque bytes, passed by value.
 #[repr(C)]
 #[derive(Clone, Copy)]

@@ -147,6 +147,10 @@ hook_table! {
             -> CUresult => mem::alloc_pitch_v2;
     Cuda "cuMemAllocManaged" 6000 false
         fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> CUresult => mem::alloc_managed;
+    /// Legacy 32-bit ABI (CUDA < 3.2 callers).
+    Cuda "cuMemAllocPitch" 2000 false
+        fn cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint)
+            -> CUresult => mem::alloc_pitch_v1;
 
     // Virtual memory management: physical handles are charged, mappings only traced.
     Cuda "cuMemCreate" 10020 false
@@ -198,6 +202,11 @@ hook_table! {
         fn cuArrayCreate_v2(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult => arrays::create_2d;
     Cuda "cuArray3DCreate" 3020 false
         fn cuArray3DCreate_v2(arr: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult => arrays::create_3d;
+    /// Legacy 32-bit descriptors (CUDA < 3.2 callers).
+    Cuda "cuArrayCreate" 2000 false
+        fn cuArrayCreate(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult => arrays::create_2d_v1;
+    Cuda "cuArray3DCreate" 2000 false
+        fn cuArray3DCreate(arr: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> CUresult => arrays::create_3d_v1;
     Cuda "cuArrayDestroy" 2000 false fn cuArrayDestroy(arr: CUarray) -> CUresult => arrays::destroy;
     Cuda "cuMipmappedArrayCreate" 5000 false
         fn cuMipmappedArrayCreate(arr: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint)
@@ -217,13 +226,20 @@ hook_table! {
         fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> CUresult => host::host_alloc;
     Cuda "cuMemAllocHost" 3020 false
         fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult => host::alloc_host_v2;
+    Cuda "cuMemAllocHost" 2000 false
+        fn cuMemAllocHost(pp: *mut *mut c_void, size: c_uint) -> CUresult => host::alloc_host_v1;
     Cuda "cuMemFreeHost" 2000 false fn cuMemFreeHost(p: *mut c_void) -> CUresult => host::free_host;
+    Cuda "cuMemHostRegister" 4000 false
+        fn cuMemHostRegister(p: *mut c_void, size: usize, flags: c_uint) -> CUresult => host::register_v1;
     Cuda "cuMemHostRegister" 6050 false
         fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uint) -> CUresult => host::register_v2;
     Cuda "cuMemHostUnregister" 4000 false fn cuMemHostUnregister(p: *mut c_void) -> CUresult => host::unregister;
     Cuda "cuIpcOpenMemHandle" 11000 false
         fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> CUresult
             => host::ipc_open_v2;
+    Cuda "cuIpcOpenMemHandle" 4010 false
+        fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> CUresult
+            => host::ipc_open_v1;
     Cuda "cuIpcCloseMemHandle" 4010 false fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult => host::ipc_close;
 
     // NVML's view agrees with cuMemGetInfo.
@@ -245,6 +261,41 @@ import_table! {
     Cuda fn cuDevicePrimaryCtxRetain(*mut CUcontext, CUdevice) -> CUresult;
     Cuda fn cuDevicePrimaryCtxRelease_v2(CUdevice) -> CUresult;
     Nvml fn nvmlDeviceGetUUID(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
+}
+
+/// Base names whose entry points allocate or free device memory the cap counts (or end the
+/// lifetime of such memory). A `cuGetProcAddress` answer for one of these that is none of the
+/// variants in the table is denied (see `intercept::procaddr`): memory must not go uncounted.
+/// Every other base name only reads, synchronises or traces, and an unknown variant of it is
+/// passed through quietly. A name added to the table that allocates or frees belongs here.
+pub const ACCOUNTED: &[&str] = &[
+    "cuMemAlloc",
+    "cuMemFree",
+    "cuMemAllocPitch",
+    "cuMemAllocManaged",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemImportFromShareableHandle",
+    "cuMemPoolCreate",
+    "cuMemPoolDestroy",
+    "cuMemPoolTrimTo",
+    "cuMemAllocAsync",
+    "cuMemAllocFromPoolAsync",
+    "cuMemFreeAsync",
+    "cuArrayCreate",
+    "cuArray3DCreate",
+    "cuArrayDestroy",
+    "cuMipmappedArrayCreate",
+    "cuMipmappedArrayDestroy",
+    "cuCtxDestroy",
+    "cuDevicePrimaryCtxReset",
+];
+
+/// Whether this base name allocates or frees device memory (see [`ACCOUNTED`]).
+pub fn accounts(base: &[u8]) -> bool {
+    ACCOUNTED.iter().any(|b| b.as_bytes() == base)
 }
 
 /// The hook with this exported name.
@@ -284,5 +335,13 @@ mod tests {
             }
         }
         assert_eq!(find(b"cuMemAlloc_v3"), None);
+    }
+
+    #[test]
+    fn every_accounted_name_is_a_wrapped_base() {
+        for b in ACCOUNTED {
+            assert!(HOOKS.iter().any(|h| h.lib == Lib::Cuda && h.base == *b), "{b} is not a base name in HOOKS");
+        }
+        assert!(accounts(b"cuMemAlloc") && !accounts(b"cuMemGetInfo") && !accounts(b"cuMemAllo"));
     }
 }

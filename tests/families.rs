@@ -119,6 +119,31 @@ fn arrays_are_charged_from_their_descriptor() {
     }
 }
 
+/// The legacy ABIs a driver still hands out for an old version (32-bit pitch and descriptors):
+/// each is the same memory as its current ABI and is capped the same way. On the old code the
+/// runtime's way got the driver's unwrapped function (uncounted), the linked and dlsym ways the
+/// driver's own export.
+#[test]
+fn legacy_abis_are_capped_like_the_current_ones() {
+    for c in CLIENTS {
+        // 1000-byte rows → 1024-byte pitch: 1024 × 32768 = 32 MiB each; the cap holds two.
+        let out = run(c, "64m", "init ctx 0 pitch1 1000 32768 pitch 1000 32768 pitch1 1000 1 free 0 pitch1 1000 32768 info stats 0");
+        assert_eq!(rcs(&out, "pitch1"), vec![0, 2, 0], "{c}");
+        assert_eq!(out.nth("pitch1", 0).num("pitch"), 1024, "{c}");
+        assert_eq!(out.nth("info", 0).num("free"), 0, "{c}: exactly pitch × height charged");
+        assert_eq!(out.nth("stats", 0).num("alloc_calls"), 3, "{c}: the denial never reached the driver");
+        // float 2048 × 4096 = 32 MiB; 3D 1024 × 1024 × 8 floats = 32 MiB; a third does not fit.
+        let out = run(c, "64m", "init ctx 0 array1 2048 4096 array3d1 1024 1024 8 array1 1 1 arrfree 0 array1 2048 4096 info");
+        assert_eq!(rcs(&out, "array1"), vec![0, 0, 2, 0], "{c}");
+        assert_eq!(out.nth("info", 0).num("free"), 0, "{c}");
+        // Host memory and IPC through the legacy ABIs: work, traced, never counted.
+        let out = run(c, "1m", "init ctx 0 host1 64m info");
+        assert_eq!(out.nth("host1", 0).rc(), 0, "{c}");
+        assert_eq!(out.nth("info", 0).num("free"), MIB, "{c}");
+        assert!(!out.stderr.contains("vramcap"), "{c}: {}", out.stderr);
+    }
+}
+
 #[test]
 fn destroying_a_context_releases_its_charges() {
     for c in CLIENTS {

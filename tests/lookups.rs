@@ -113,3 +113,15 @@ fn cuda_12_9_runtime_lookups_are_preserved() {
 fn cuda_13_5_runtime_lookups_are_preserved() {
     check("cudart13.tsv");
 }
+
+/// A normal process prints nothing: every lookup the CUDA 12.9 and 13.5 runtimes make, under a
+/// cap, leaves stderr empty (the old code reported the legacy `cuIpcOpenMemHandle` ABI the 13.5
+/// runtime asks for at 4010 as "none of the variants vramcap wraps", and passed it through).
+#[test]
+fn runtime_lookups_print_nothing() {
+    for file in ["cudart12.tsv", "cudart13.tsv"] {
+        let out = Run::client("replay").env("VRAMCAP_LIMIT", "4g").args([lookups(file).to_str().unwrap()]).run();
+        out.ok();
+        assert!(out.stderr.is_empty(), "{file}: stderr is not empty:\n{}", out.stderr);
+    }
+}
