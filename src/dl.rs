@@ -225,6 +225,20 @@ fn consequence(lib: Lib) -> &'static str {
     }
 }
 
+/// Whether the CUDA driver is loaded in this process (by us or anyone), without loading it.
+pub fn driver_loaded() -> bool {
+    if !HANDLES[Lib::Cuda as usize].load(Ordering::Acquire).is_null() {
+        return true;
+    }
+    let Ok(c) = CString::new(library_path(Lib::Cuda)) else { return false };
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if h.is_null() {
+        return false;
+    }
+    unsafe { libc::dlclose(h) };
+    true
+}
+
 /// The driver vramcap opened cannot be used (missing, or not a driver): every CUDA entry point
 /// vramcap wraps must then deny, whichever way the caller found it.
 pub fn driver_unusable() -> bool {

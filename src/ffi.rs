@@ -138,3 +138,15 @@ pub struct nvmlMemory_v2_t {
     pub free: u64,
     pub used: u64,
 }
+
+/// `nvmlPciInfo_t` (NVML's documented layout, shared by `nvmlDeviceGetPciInfo_v2/_v3`).
+#[repr(C)]
+pub struct nvmlPciInfo_t {
+    pub bus_id_legacy: [std::ffi::c_char; 16],
+    pub domain: c_uint,
+    pub bus: c_uint,
+    pub device: c_uint,
+    pub pci_device_id: c_uint,
+    pub pci_sub_system_id: c_uint,
+    pub bus_id: [std::ffi::c_char; 32],
+}

@@ -261,6 +261,9 @@ import_table! {
     Cuda fn cuDevicePrimaryCtxRetain(*mut CUcontext, CUdevice) -> CUresult;
     Cuda fn cuDevicePrimaryCtxRelease_v2(CUdevice) -> CUresult;
     Nvml fn nvmlDeviceGetUUID(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
+    Nvml fn nvmlDeviceGetCount_v2(*mut c_uint) -> nvmlReturn_t;
+    Nvml fn nvmlDeviceGetHandleByIndex_v2(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
+    Nvml fn nvmlDeviceGetPciInfo_v3(nvmlDevice_t, *mut nvmlPciInfo_t) -> nvmlReturn_t;
 }
 
 /// Base names whose entry points allocate or free device memory the cap counts (or end the

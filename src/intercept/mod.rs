@@ -9,6 +9,7 @@ pub mod host;
 pub mod init;
 pub mod mem;
 pub mod nvml;
+pub mod nvml_early;
 pub mod pool;
 pub mod procaddr;
 pub mod vmm;
