@@ -125,3 +125,33 @@ fn runtime_lookups_print_nothing() {
         assert!(out.stderr.is_empty(), "{file}: stderr is not empty:\n{}", out.stderr);
     }
 }
+
+/// A driver answers an allocating name with an ABI vramcap does not wrap (a newer driver; here the
+/// fake's FAKECUDA_NEW_ABI fixture): the caller gets a stub that denies, and one line says why.
+/// The old code passed the driver's function through: 100 MiB granted under a 1 MiB cap.
+#[test]
+fn an_unknown_allocator_variant_fails_closed() {
+    let run = |bare: bool| {
+        let mut r = Run::client("client_procaddr")
+            .env("FAKECUDA_NEW_ABI", "cuMemAlloc@3020")
+            .env("VRAMCAP_LIMIT", "1m")
+            .args(["init ctx 0 alloc 100m alloc 100m info"]);
+        if bare {
+            r = r.bare();
+        }
+        let out = r.run();
+        out.ok();
+        out
+    };
+    let bare = run(true);
+    assert_eq!(bare.nth("alloc", 0).rc(), 0, "the fixture allocates on the bare driver");
+    let out = run(false);
+    assert_eq!(out.nth("init", 0).rc(), 0);
+    for n in 0..2 {
+        assert_eq!(out.nth("alloc", n).rc(), 800, "CUDA_ERROR_NOT_PERMITTED, without calling the driver");
+    }
+    assert_eq!(out.nth("info", 0).num("free"), MIB, "nothing charged, nothing held");
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line:\n{}", out.stderr);
+    assert!(lines[0].contains("cuGetProcAddress(\"cuMemAlloc\", 3020") && lines[0].contains("none of the variants"), "{}", lines[0]);
+}
