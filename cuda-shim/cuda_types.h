@@ -297,6 +297,36 @@ CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
 CUresult cuDeviceGraphMemTrim(CUdevice device);
 CUresult cuDeviceGetGraphMemAttribute(CUdevice device, int attr, void *value);
 CUresult cuDeviceSetGraphMemAttribute(CUdevice device, int attr, void *value);
+/* Legacy ABIs (before CUDA 3.2 / 4.0 / 6.5 / 11.0) a driver still exports and cuGetProcAddress
+ * still hands out for an old enough version (legacy.c). */
+typedef struct {
+    unsigned int Width, Height;
+    int Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR_v1;
+typedef struct {
+    unsigned int Width, Height, Depth;
+    int Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR_v1;
+CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int width, unsigned int height,
+                         unsigned int elem);
+CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *desc);
+CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc);
+CUresult cuMemAllocHost(void **pp, unsigned int bytesize);
+CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int flags);
+CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags);
+
+/* Copies numba-cuda uses (copies.c). */
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n);
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s);
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t n, CUstream s);
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s);
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n, CUstream s);
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
 
 #ifdef __cplusplus
 }

@@ -373,6 +373,24 @@ FC_API CUresult cuGetErrorName(CUresult error, const char **pStr)
 
 /* ----------------------------------------------------------- test-only API */
 
+FC_API int fakecuda_uuid(int dev, unsigned char out[16])
+{
+    CUuuid u;
+
+    fc_config_load();
+    if (!out || !valid_dev(dev))
+        return -1;
+    fill_uuid(&u, dev);
+    memcpy(out, u.bytes, 16);
+    return 0;
+}
+
+FC_API int fakecuda_pci_bus(int dev)
+{
+    fc_config_load();
+    return valid_dev(dev) ? 0x10 + dev : -1;
+}
+
 FC_API int fakecuda_stats(int dev, fakecuda_stats_t *out)
 {
     struct fc_devstats *s;

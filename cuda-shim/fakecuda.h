@@ -22,6 +22,11 @@ typedef struct {
 
 /* 0 ok, -1 bad device (or out == NULL). Works before cuInit. */
 int fakecuda_stats(int dev, fakecuda_stats_t *out);
+/* The 16 bytes cuDeviceGetUuid reports for CUDA ordinal dev, and the PCI bus number
+ * cuDeviceGetPCIBusId reports; both answer before cuInit (the fake NVML needs them, as the real
+ * NVML knows its GPUs without CUDA). 0 on success, -1 for a device that does not exist. */
+int fakecuda_uuid(int dev, unsigned char out[16]);
+int fakecuda_pci_bus(int dev);
 /* Times the exported entry point `exported_name` was entered; 0 if unknown. */
 unsigned long long fakecuda_calls(const char *exported_name);
 /* The n-th allocation call from now (1 = next) fails with `code`; n <= 0 disarms. */

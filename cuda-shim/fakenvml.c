@@ -1,9 +1,10 @@
 /*
  * fakenvml.c - a fake libnvidia-ml.so.1 (public NVML API only) over the fake
- * driver: memory numbers come from fakecuda_stats, UUIDs match the fake
- * driver's cuDeviceGetUuid. FAKENVML_REVERSE=1 numbers devices in reverse
- * order, so tests can prove NVML handles are matched to CUDA ordinals by UUID
- * and not by index.
+ * driver: memory numbers come from fakecuda_stats, UUIDs and PCI bus ids match
+ * the fake driver's cuDeviceGetUuid / cuDeviceGetPCIBusId. Like the real NVML it
+ * never initialises CUDA (a process may ask NVML before, or without, cuInit).
+ * FAKENVML_REVERSE=1 numbers devices in reverse order, so tests can prove NVML
+ * handles are matched to CUDA ordinals by UUID or PCI bus and not by index.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -30,7 +31,8 @@ typedef struct { unsigned int version; unsigned long long total, reserved, free,
 static struct { int index; } g_dev[16];
 static int g_init;
 static int (*g_stats)(int, fakecuda_stats_t *);
-static CUresult (*g_uuid)(CUuuid *, CUdevice);
+static int (*g_uuid)(int, unsigned char *);
+static int (*g_bus)(int);
 
 static int count(void)
 {
@@ -46,15 +48,10 @@ API int nvmlInit_v2(void)
     if (!h)
         return NVML_ERROR_UNKNOWN;
     *(void **)&g_stats = dlsym(h, "fakecuda_stats");
-    *(void **)&g_uuid = dlsym(h, "cuDeviceGetUuid");
-    if (!g_stats || !g_uuid)
+    *(void **)&g_uuid = dlsym(h, "fakecuda_uuid");
+    *(void **)&g_bus = dlsym(h, "fakecuda_pci_bus");
+    if (!g_stats || !g_uuid || !g_bus)
         return NVML_ERROR_UNKNOWN;
-    {   /* NVML works without the application's cuInit; the fake reads UUIDs through the driver. */
-        CUresult (*init)(unsigned int);
-        *(void **)&init = dlsym(h, "cuInit");
-        if (!init || init(0) != CUDA_SUCCESS)
-            return NVML_ERROR_UNKNOWN;
-    }
     g_init = 1;
     return NVML_SUCCESS;
 }
@@ -143,10 +140,34 @@ API int nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m)
     return NVML_SUCCESS;
 }
 
+/* nvmlPciInfo_t as NVML's documentation lays it out (v2 and v3 share it). */
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+API int nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *pci)
+{
+    int bus;
+
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!dev || !pci || (bus = g_bus(dev->index)) < 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof *pci);
+    pci->domain = 0;
+    pci->bus = (unsigned int)bus;
+    pci->device = 0;
+    pci->pciDeviceId = 0x233010de;
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "0000:%02x:00.0", (unsigned char)bus);
+    snprintf(pci->busId, sizeof pci->busId, "00000000:%02x:00.0", (unsigned char)bus);
+    return NVML_SUCCESS;
+}
+
 API int nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int len)
 {
-    CUuuid u;
-    const unsigned char *b = (const unsigned char *)u.bytes;
+    unsigned char b[16];
 
     if (!g_init)
         return NVML_ERROR_UNINITIALIZED;
@@ -154,8 +175,8 @@ API int nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int len)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (len < 41)
         return NVML_ERROR_INSUFFICIENT_SIZE;
-    /* NVML answers before cuInit: read the UUID the way the fake driver fills it. */
-    if (g_uuid(&u, dev->index) != CUDA_SUCCESS)
+    /* NVML answers before cuInit: the UUID the fake driver reports for this device. */
+    if (g_uuid(dev->index, b) != 0)
         return NVML_ERROR_UNKNOWN;
     snprintf(uuid, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
              b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);

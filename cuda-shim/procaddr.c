@@ -12,6 +12,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -41,6 +42,23 @@ static int exported(const char *sym)
     if (!self && dladdr((void *)&exported, &info) && info.dli_fname)
         self = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
     return !self || dlsym(self, sym) != NULL;
+}
+
+/* FAKECUDA_NEW_ABI=NAME@VERSION: a test fixture for "a newer driver added an ABI": lookups of
+ * NAME at VERSION or later answer with new_abi_alloc (cuMemAlloc_v2's arguments), a function no
+ * interposer can know. Lets tests prove what an interposer does with an entry point it does not
+ * wrap; NAME should be an allocating base name. Not a driver interface: never exported. */
+static CUresult new_abi_alloc(CUdeviceptr *dptr, size_t size)
+{
+    return fc_mem_alloc_cur(dptr, size);
+}
+
+static int new_abi(const char *symbol, int cudaVersion)
+{
+    const char *v = getenv("FAKECUDA_NEW_ABI"), *at = v ? strchr(v, '@') : NULL;
+
+    return at && (size_t)(at - v) == strlen(symbol) && !strncmp(v, symbol, (size_t)(at - v)) &&
+           cudaVersion >= atoi(at + 1);
 }
 
 static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion,
@@ -75,6 +93,8 @@ static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion,
 
     if (pick)
         *pfn = pick->fn;
+    if (pick && new_abi(symbol, cudaVersion))
+        *pfn = (void *)&new_abi_alloc;
     if (status)
         *status = pick ? CU_GET_PROC_ADDRESS_SUCCESS
                 : known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT

@@ -103,6 +103,11 @@ fn decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     if found == wrapper || found == hooks::real(hook) {
         return wrapper;
     }
+    // The caller has a driver, vramcap has none it can use: our wrapper (which fails: its real
+    // function is missing) instead of the caller's driver running uncapped.
+    if hooks::info(hook).lib == Lib::Cuda && driver_unusable() {
+        return wrapper;
+    }
     // The caller's handle resolved to some other definition (another copy of the driver than the
     // one we opened, or a library that merely shares the name): not ours to replace.
     log_at!(
@@ -194,7 +199,15 @@ pub fn library(lib: Lib) -> *mut c_void {
             } else {
                 unsafe { CStr::from_ptr(why) }.to_string_lossy().into_owned()
             };
-            crate::log::write_line(&format!("vramcap: cannot open {path}: {why}"));
+            crate::log::write_line(&format!("vramcap: cannot open {path}: {why}{}", consequence(lib)));
+        }
+        return null_mut();
+    }
+    // A library that loads but is no driver (a wrong VRAMCAP_REAL_LIBCUDA) is as unusable as a
+    // missing one: every slot would be empty while the process's own driver runs uncapped.
+    if lib == Lib::Cuda && unsafe { real_dlsym(opened, c"cuInit".as_ptr()) }.is_null() {
+        if !OPEN_FAILED[i].swap(true, Ordering::AcqRel) {
+            crate::log::write_line(&format!("vramcap: {path} is not a CUDA driver (it has no cuInit){}", consequence(lib)));
         }
         return null_mut();
     }
@@ -203,6 +216,33 @@ pub fn library(lib: Lib) -> *mut c_void {
         Ok(_) => opened,
         Err(winner) => winner,
     }
+}
+
+fn consequence(lib: Lib) -> &'static str {
+    match lib {
+        Lib::Cuda => "; every CUDA call will fail (vramcap never runs uncapped): point VRAMCAP_REAL_LIBCUDA at the driver or unset it",
+        Lib::Nvml => "; NVML shows the physical view",
+    }
+}
+
+/// Whether the CUDA driver is loaded in this process (by us or anyone), without loading it.
+pub fn driver_loaded() -> bool {
+    if !HANDLES[Lib::Cuda as usize].load(Ordering::Acquire).is_null() {
+        return true;
+    }
+    let Ok(c) = CString::new(library_path(Lib::Cuda)) else { return false };
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if h.is_null() {
+        return false;
+    }
+    unsafe { libc::dlclose(h) };
+    true
+}
+
+/// The driver vramcap opened cannot be used (missing, or not a driver): every CUDA entry point
+/// vramcap wraps must then deny, whichever way the caller found it.
+pub fn driver_unusable() -> bool {
+    library(Lib::Cuda).is_null()
 }
 
 pub fn library_path(lib: Lib) -> String {

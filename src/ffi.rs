@@ -91,6 +91,26 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR {
     pub flags: c_uint,
 }
 
+/// The descriptor of the legacy `cuArrayCreate` ABI (32-bit sizes, before CUDA 3.2).
+#[repr(C)]
+pub struct CUDA_ARRAY_DESCRIPTOR_v1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub format: c_int,
+    pub num_channels: c_uint,
+}
+
+/// The descriptor of the legacy `cuArray3DCreate` ABI.
+#[repr(C)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR_v1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub depth: c_uint,
+    pub format: c_int,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
 /// `CUipcMemHandle`: 64 opaque bytes, passed by value.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -152,3 +172,14 @@ pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
 }
 const _: () = assert!(std::mem::size_of::<CUmemPoolPropsFull>() == 88);
 const _: () = assert!(std::mem::size_of::<CUDA_MEM_ALLOC_NODE_PARAMS>() == 120);
+/// `nvmlPciInfo_t` (NVML's documented layout, shared by `nvmlDeviceGetPciInfo_v2/_v3`).
+#[repr(C)]
+pub struct nvmlPciInfo_t {
+    pub bus_id_legacy: [std::ffi::c_char; 16],
+    pub domain: c_uint,
+    pub bus: c_uint,
+    pub device: c_uint,
+    pub pci_device_id: c_uint,
+    pub pci_sub_system_id: c_uint,
+    pub bus_id: [std::ffi::c_char; 32],
+}

@@ -147,6 +147,10 @@ hook_table! {
             -> CUresult => mem::alloc_pitch_v2;
     Cuda "cuMemAllocManaged" 6000 false
         fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> CUresult => mem::alloc_managed;
+    /// Legacy 32-bit ABI (CUDA < 3.2 callers).
+    Cuda "cuMemAllocPitch" 2000 false
+        fn cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint)
+            -> CUresult => mem::alloc_pitch_v1;
 
     // Virtual memory management: physical handles are charged, mappings only traced.
     Cuda "cuMemCreate" 10020 false
@@ -237,6 +241,11 @@ hook_table! {
         fn cuArrayCreate_v2(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult => arrays::create_2d;
     Cuda "cuArray3DCreate" 3020 false
         fn cuArray3DCreate_v2(arr: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult => arrays::create_3d;
+    /// Legacy 32-bit descriptors (CUDA < 3.2 callers).
+    Cuda "cuArrayCreate" 2000 false
+        fn cuArrayCreate(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult => arrays::create_2d_v1;
+    Cuda "cuArray3DCreate" 2000 false
+        fn cuArray3DCreate(arr: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> CUresult => arrays::create_3d_v1;
     Cuda "cuArrayDestroy" 2000 false fn cuArrayDestroy(arr: CUarray) -> CUresult => arrays::destroy;
     Cuda "cuMipmappedArrayCreate" 5000 false
         fn cuMipmappedArrayCreate(arr: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint)
@@ -277,13 +286,20 @@ hook_table! {
         fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> CUresult => host::host_alloc;
     Cuda "cuMemAllocHost" 3020 false
         fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult => host::alloc_host_v2;
+    Cuda "cuMemAllocHost" 2000 false
+        fn cuMemAllocHost(pp: *mut *mut c_void, size: c_uint) -> CUresult => host::alloc_host_v1;
     Cuda "cuMemFreeHost" 2000 false fn cuMemFreeHost(p: *mut c_void) -> CUresult => host::free_host;
+    Cuda "cuMemHostRegister" 4000 false
+        fn cuMemHostRegister(p: *mut c_void, size: usize, flags: c_uint) -> CUresult => host::register_v1;
     Cuda "cuMemHostRegister" 6050 false
         fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uint) -> CUresult => host::register_v2;
     Cuda "cuMemHostUnregister" 4000 false fn cuMemHostUnregister(p: *mut c_void) -> CUresult => host::unregister;
     Cuda "cuIpcOpenMemHandle" 11000 false
         fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> CUresult
             => host::ipc_open_v2;
+    Cuda "cuIpcOpenMemHandle" 4010 false
+        fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> CUresult
+            => host::ipc_open_v1;
     Cuda "cuIpcCloseMemHandle" 4010 false fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult => host::ipc_close;
 
     // NVML's view agrees with cuMemGetInfo.
@@ -315,6 +331,57 @@ import_table! {
     Cuda fn cuGraphMemAllocNodeGetParams(CUgraphNode, *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
     Cuda fn cuDeviceGetGraphMemAttribute(CUdevice, c_int, *mut c_void) -> CUresult;
     Nvml fn nvmlDeviceGetUUID(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
+    Nvml fn nvmlDeviceGetCount_v2(*mut c_uint) -> nvmlReturn_t;
+    Nvml fn nvmlDeviceGetHandleByIndex_v2(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
+    Nvml fn nvmlDeviceGetPciInfo_v3(nvmlDevice_t, *mut nvmlPciInfo_t) -> nvmlReturn_t;
+}
+
+/// Base names in the table whose unknown variants are safe to pass through: they only read a
+/// view, synchronise, trace memory that is not counted, or end/begin lifetimes in a way whose
+/// miss can only keep a charge too long (a detach or release we do not see leaves the charge in
+/// place). A `cuGetProcAddress` answer for any *other* wrapped base name that is none of the
+/// variants in the table is denied (see `intercept::procaddr`): memory must not go uncounted.
+/// The list is of exceptions, so a name added to the table fails closed until someone decides
+/// here, with a reason, that passing an unknown variant of it through cannot lose a charge.
+pub const PASS_UNKNOWN_VARIANTS: &[&str] = &[
+    "cuInit",
+    "cuGetProcAddress",
+    // Views: an unknown variant shows the physical figures, it cannot allocate.
+    "cuMemGetInfo",
+    "cuDeviceTotalMem",
+    // Synchronisation: pools are re-read at the next counted call anyway.
+    "cuCtxSynchronize",
+    "cuStreamSynchronize",
+    // Traced only (host memory, another process's memory, address ranges).
+    "cuMemHostAlloc",
+    "cuMemAllocHost",
+    "cuMemFreeHost",
+    "cuMemHostRegister",
+    "cuMemHostUnregister",
+    "cuIpcOpenMemHandle",
+    "cuIpcCloseMemHandle",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    // Context lifetimes: a create, attach, retain or release we miss leaves charges in place
+    // (an unknown use count is never taken to reach zero).
+    "cuCtxCreate",
+    "cuCtxAttach",
+    "cuCtxDetach",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease",
+    // Pool look-ups and settings: an unregistered pool is matched or denied when it allocates.
+    "cuDeviceGetDefaultMemPool",
+    "cuDeviceGetMemPool",
+    "cuMemGetDefaultMemPool",
+    "cuMemGetMemPool",
+    "cuMemPoolSetAttribute",
+];
+
+/// Whether an unknown variant of this wrapped base name could hand out or end counted memory
+/// behind our back (every wrapped base name not in [`PASS_UNKNOWN_VARIANTS`]).
+pub fn accounts(base: &[u8]) -> bool {
+    HOOKS.iter().any(|h| h.lib == Lib::Cuda && h.base.as_bytes() == base)
+        && !PASS_UNKNOWN_VARIANTS.iter().any(|b| b.as_bytes() == base)
 }
 
 /// The hook with this exported name.
@@ -354,5 +421,17 @@ mod tests {
             }
         }
         assert_eq!(find(b"cuMemAlloc_v3"), None);
+    }
+
+    #[test]
+    fn every_pass_through_name_is_a_wrapped_base() {
+        for b in PASS_UNKNOWN_VARIANTS {
+            assert!(HOOKS.iter().any(|h| h.lib == Lib::Cuda && h.base == *b), "{b} is not a base name in HOOKS");
+        }
+        assert!(accounts(b"cuMemAlloc") && !accounts(b"cuMemGetInfo") && !accounts(b"cuMemAllo"));
+        // Names that allocate or end memory fail closed without being listed anywhere.
+        for b in ["cuMemRetainAllocationHandle", "cuGraphLaunch", "cuGraphInstantiate", "cuMemFreeAsync", "cuCtxDestroy"] {
+            assert!(accounts(b.as_bytes()), "{b}");
+        }
     }
 }

@@ -110,3 +110,32 @@ fn a_missing_library_is_a_failure() {
     assert_eq!(state(&so, "library"), "FAIL");
     assert_eq!(state(&so, "self-test"), "--", "not run without the library");
 }
+
+/// Any variable may hold bytes that are not UTF-8 (a path, a locale string): the doctor reads
+/// them without panicking, and a limit it cannot read is a FAIL naming it, as the library
+/// refuses to run with it.
+#[test]
+fn variables_that_are_not_utf8_do_not_panic_the_doctor() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    common::build_c();
+    let bad = OsStr::from_bytes(b"x\xffy");
+    // Someone else's variable, and vramcap's own non-limit variables: no panic, no failure.
+    let mut c = clean_vramcap(&["doctor"]);
+    c.env("SOME_TOOL_SETTING", bad).env("FAKECUDA_DEVICE_COUNT", "1").env("VRAMCAP_LIMIT", "1g");
+    let out = c.output().unwrap();
+    let text_out = text(&out.stdout) + &text(&out.stderr);
+    assert!(!text_out.contains("panicked"), "{text_out}");
+    assert_eq!(out.status.code(), Some(0), "{text_out}");
+    // A limit that is not UTF-8: reported, exit 1, never a panic.
+    for var in ["VRAMCAP_LIMIT", "VRAMCAP_LIMIT_0", "CUDA_DEVICE_MEMORY_LIMIT"] {
+        let mut c = clean_vramcap(&["doctor"]);
+        c.env(var, bad).env("FAKECUDA_DEVICE_COUNT", "1");
+        let out = c.output().unwrap();
+        let text_out = text(&out.stdout) + &text(&out.stderr);
+        assert!(!text_out.contains("panicked"), "{var}: {text_out}");
+        assert_eq!(out.status.code(), Some(1), "{var}: {text_out}");
+        assert_eq!(state(&text_out, "limits"), "FAIL", "{var}: {text_out}");
+        assert!(line(&text_out, "limits").contains(var) && text_out.contains("UTF-8"), "{var}: {text_out}");
+    }
+}

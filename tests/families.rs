@@ -123,6 +123,31 @@ fn arrays_are_charged_from_their_descriptor() {
     }
 }
 
+/// The legacy ABIs a driver still hands out for an old version (32-bit pitch and descriptors):
+/// each is the same memory as its current ABI and is capped the same way. On the old code the
+/// runtime's way got the driver's unwrapped function (uncounted), the linked and dlsym ways the
+/// driver's own export.
+#[test]
+fn legacy_abis_are_capped_like_the_current_ones() {
+    for c in CLIENTS {
+        // 1000-byte rows → 1024-byte pitch: 1024 × 32768 = 32 MiB each; the cap holds two.
+        let out = run(c, "64m", "init ctx 0 pitch1 1000 32768 pitch 1000 32768 pitch1 1000 1 free 0 pitch1 1000 32768 info stats 0");
+        assert_eq!(rcs(&out, "pitch1"), vec![0, 2, 0], "{c}");
+        assert_eq!(out.nth("pitch1", 0).num("pitch"), 1024, "{c}");
+        assert_eq!(out.nth("info", 0).num("free"), 0, "{c}: exactly pitch × height charged");
+        assert_eq!(out.nth("stats", 0).num("alloc_calls"), 3, "{c}: the denial never reached the driver");
+        // float 2048 × 4096 = 32 MiB; 3D 1024 × 1024 × 8 floats = 32 MiB; a third does not fit.
+        let out = run(c, "64m", "init ctx 0 array1 2048 4096 array3d1 1024 1024 8 array1 1 1 arrfree 0 array1 2048 4096 info");
+        assert_eq!(rcs(&out, "array1"), vec![0, 0, 2, 0], "{c}");
+        assert_eq!(out.nth("info", 0).num("free"), 0, "{c}");
+        // Host memory and IPC through the legacy ABIs: work, traced, never counted.
+        let out = run(c, "1m", "init ctx 0 host1 64m info");
+        assert_eq!(out.nth("host1", 0).rc(), 0, "{c}");
+        assert_eq!(out.nth("info", 0).num("free"), MIB, "{c}");
+        assert!(!out.stderr.contains("vramcap"), "{c}: {}", out.stderr);
+    }
+}
+
 #[test]
 fn destroying_a_context_releases_its_charges() {
     for c in CLIENTS {
@@ -171,4 +196,45 @@ fn nvml_and_cuda_views_agree() {
     assert_ne!(out.nth("nvml", 3).rc(), 0, "NULL is the library's to refuse, without a crash");
     let other = out.nth("nvml", 4);
     assert_eq!((other.num("total"), other.num("used")), (16 * GIB, 0), "device 0 is uncapped: physical view");
+}
+
+/// NVML asked before (or without) CUDA: the cap shows, and CUDA stays uninitialised. Ordinal keys
+/// follow CUDA_VISIBLE_DEVICES over the PCI bus order; UUID keys and uniform limits need no order.
+/// Main showed the physical 8 GiB here.
+#[test]
+fn nvml_before_cuda_shows_the_cap() {
+    let nvml = |vars: &[(&str, &str)], ops: &str| {
+        let mut r = Run::client("client_nvml").env("FAKECUDA_DEVICE_COUNT", "2").env("FAKECUDA_MEM", "8g");
+        for (k, v) in vars {
+            r = r.env(k, v);
+        }
+        let out = r.args([ops]).run();
+        out.ok();
+        assert!(!out.stderr.contains("vramcap"), "{vars:?}: {}", out.stderr);
+        // Never initialises CUDA from inside an NVML call.
+        assert_eq!(out.nth("cucount", 0).rc(), 3, "{vars:?}: CUDA was initialised");
+        out.of("nvml").iter().map(|l| (l.num("total") / MIB, l.num("free") / MIB, l.num("used") / MIB)).collect::<Vec<_>>()
+    };
+    let ops = "nvml 0 nvml 1 nvml2 0 nvmlsym 1 cucount";
+    let lim = ("VRAMCAP_LIMIT", "0=1g,1=2g");
+    assert_eq!(nvml(&[lim], ops), vec![(1024, 1024, 0), (2048, 2048, 0), (1024, 1024, 0), (2048, 2048, 0)]);
+    // NVML numbers GPUs its own way: the PCI bus decides, not NVML's index.
+    assert_eq!(nvml(&[lim, ("FAKENVML_REVERSE", "1")], ops)[..2], [(2048, 2048, 0), (1024, 1024, 0)]);
+    // CUDA_VISIBLE_DEVICES reorders CUDA's ordinals: CUDA 0 is the second GPU on the bus.
+    assert_eq!(nvml(&[lim, ("CUDA_VISIBLE_DEVICES", "1,0")], ops)[..2], [(2048, 2048, 0), (1024, 1024, 0)]);
+    let first = ("VRAMCAP_LIMIT", "0=1g");
+    assert_eq!(nvml(&[first, ("CUDA_VISIBLE_DEVICES", "GPU-8932f938")], ops)[..2], [(8192, 8192, 0), (1024, 1024, 0)]);
+    // UUID keys and a uniform limit.
+    assert_eq!(nvml(&[("VRAMCAP_LIMIT", "GPU-8932f938=3g")], ops)[..2], [(8192, 8192, 0), (3072, 3072, 0)]);
+    assert_eq!(nvml(&[("VRAMCAP_LIMIT", "512m"), ("CUDA_VISIBLE_DEVICES", "0")], ops)[..2], [(512, 512, 0), (8192, 8192, 0)]);
+    // Once CUDA is up, the same limits hold (matched by UUID then).
+    let out = Run::client("client_nvml")
+        .env("FAKECUDA_DEVICE_COUNT", "2")
+        .env("FAKECUDA_MEM", "8g")
+        .env("VRAMCAP_LIMIT", "0=1g,1=2g")
+        .args(["nvml 1 init ctx 0 alloc 256 nvml 0 nvml 1"])
+        .run();
+    out.ok();
+    let t: Vec<(u64, u64)> = out.of("nvml").iter().map(|l| (l.num("total") / MIB, l.num("free") / MIB)).collect();
+    assert_eq!(t, vec![(2048, 2048), (1024, 768), (2048, 2048)]);
 }

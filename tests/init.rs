@@ -60,3 +60,62 @@ fn a_driver_that_cannot_be_opened_is_reported_and_nothing_is_handed_out() {
     assert_ne!(out.nth("alloc", 0).rc(), 0);
     assert!(out.stderr.contains("vramcap: cannot open /nonexistent/libcuda.so.1"), "{}", out.stderr);
 }
+
+/// A limit whose value is not UTF-8 cannot be read as the cap it meant: treating it as unset ran
+/// the job uncapped without a word. It is invalid input on every path, with the variable named.
+#[test]
+fn a_limit_that_is_not_utf8_fails_closed_on_every_path() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let bad = OsStr::from_bytes(b"1\xffg");
+    let cases: [(&str, &[(&str, &str)]); 5] = [
+        ("VRAMCAP_LIMIT", &[]),
+        ("VRAMCAP_LIMIT_0", &[]),
+        ("VRAMCAP_GROUP_LIMIT", &[("VRAMCAP_GROUP", "utf8test")]),
+        ("CUDA_DEVICE_MEMORY_LIMIT", &[]),
+        ("CUDA_DEVICE_MEMORY_LIMIT_0", &[]),
+    ];
+    for (var, extra) in cases {
+        for client in ["client_linked", "client_dlsym", "client_procaddr"] {
+            let mut r = Run::client(client).env(var, bad);
+            for (k, v) in extra {
+                r = r.env(k, v);
+            }
+            let out = r.args(["init ctx 0 alloc 1m"]).run();
+            assert_ne!(out.nth("init", 0).rc(), 0, "{client} {var}: CUDA initialised with an unreadable limit");
+            assert_ne!(out.nth("alloc", 0).rc(), 0, "{client} {var}: memory handed out");
+            assert!(
+                out.stderr.contains(var) && out.stderr.contains("not valid UTF-8"),
+                "{client} {var}: no message naming the variable:\n{}",
+                out.stderr
+            );
+        }
+    }
+}
+
+/// An unusable VRAMCAP_REAL_LIBCUDA (missing, or a library that is no driver) denies on every
+/// path: the linked client, `dlsym` on the process's own driver handle and the runtime's way
+/// (`cuGetProcAddress_v2`). Main denied only the linked client; the other two ran uncapped on
+/// the process's driver without a word. One line says why.
+#[test]
+fn an_unusable_real_driver_denies_on_every_path_with_one_line() {
+    let not_a_driver = ctests_dir().join("libnextwrap.so");
+    for (path, says) in [
+        ("/nonexistent/libcuda.so.1".to_string(), "vramcap: cannot open /nonexistent/libcuda.so.1"),
+        (not_a_driver.display().to_string(), "is not a CUDA driver"),
+    ] {
+        for client in ["client_linked", "client_dlsym", "client_procaddr"] {
+            let out = Run::client(client)
+                .env("VRAMCAP_REAL_LIBCUDA", &path)
+                .env("VRAMCAP_LIMIT", "1g")
+                .args(["init ctx 0 alloc 1m info"])
+                .run();
+            // The runtime's way fails at its first lookup; the others get an error from each call.
+            let granted = out.of("alloc").iter().any(|l| l.rc() == 0) || out.of("init").iter().any(|l| l.rc() == 0);
+            assert!(!granted, "{client} {path}: ran on the process's driver uncapped:\n{}", out.stdout);
+            let lines: Vec<&str> = out.stderr.lines().filter(|l| l.starts_with("vramcap:")).collect();
+            assert_eq!(lines.len(), 1, "{client} {path}: want one line:\n{}", out.stderr);
+            assert!(lines[0].contains(says) && lines[0].contains("VRAMCAP_REAL_LIBCUDA"), "{client}: {}", lines[0]);
+        }
+    }
+}

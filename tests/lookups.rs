@@ -113,3 +113,45 @@ fn cuda_12_9_runtime_lookups_are_preserved() {
 fn cuda_13_5_runtime_lookups_are_preserved() {
     check("cudart13.tsv");
 }
+
+/// A normal process prints nothing: every lookup the CUDA 12.9 and 13.5 runtimes make, under a
+/// cap, leaves stderr empty (the old code reported the legacy `cuIpcOpenMemHandle` ABI the 13.5
+/// runtime asks for at 4010 as "none of the variants vramcap wraps", and passed it through).
+#[test]
+fn runtime_lookups_print_nothing() {
+    for file in ["cudart12.tsv", "cudart13.tsv"] {
+        let out = Run::client("replay").env("VRAMCAP_LIMIT", "4g").args([lookups(file).to_str().unwrap()]).run();
+        out.ok();
+        assert!(out.stderr.is_empty(), "{file}: stderr is not empty:\n{}", out.stderr);
+    }
+}
+
+/// A driver answers an allocating name with an ABI vramcap does not wrap (a newer driver; here the
+/// fake's FAKECUDA_NEW_ABI fixture): the caller gets a stub that denies, and one line says why.
+/// The old code passed the driver's function through: 100 MiB granted under a 1 MiB cap.
+#[test]
+fn an_unknown_allocator_variant_fails_closed() {
+    let run = |bare: bool| {
+        let mut r = Run::client("client_procaddr")
+            .env("FAKECUDA_NEW_ABI", "cuMemAlloc@3020")
+            .env("VRAMCAP_LIMIT", "1m")
+            .args(["init ctx 0 alloc 100m alloc 100m info"]);
+        if bare {
+            r = r.bare();
+        }
+        let out = r.run();
+        out.ok();
+        out
+    };
+    let bare = run(true);
+    assert_eq!(bare.nth("alloc", 0).rc(), 0, "the fixture allocates on the bare driver");
+    let out = run(false);
+    assert_eq!(out.nth("init", 0).rc(), 0);
+    for n in 0..2 {
+        assert_eq!(out.nth("alloc", n).rc(), 800, "CUDA_ERROR_NOT_PERMITTED, without calling the driver");
+    }
+    assert_eq!(out.nth("info", 0).num("free"), MIB, "nothing charged, nothing held");
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line:\n{}", out.stderr);
+    assert!(lines[0].contains("cuGetProcAddress(\"cuMemAlloc\", 3020") && lines[0].contains("none of the variants"), "{}", lines[0]);
+}

@@ -56,8 +56,10 @@ fn run_probe(kind: &str, preload: Option<&Path>, env: &[(&str, String)]) -> Resu
     cmd.args(["doctor", "--probe", kind]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     clear_vramcap_env(&mut cmd);
     // The user's driver choice and the fake's settings still apply: they describe this machine.
-    for (k, v) in std::env::vars() {
-        if k == "VRAMCAP_REAL_LIBCUDA" || k.starts_with("FAKECUDA_") {
+    // vars_os: a variable that is not UTF-8 (anyone's) must not panic the doctor.
+    for (k, v) in std::env::vars_os() {
+        let b = k.as_encoded_bytes();
+        if b == b"VRAMCAP_REAL_LIBCUDA" || b.starts_with(b"FAKECUDA_") {
             cmd.env(k, v);
         }
     }
@@ -187,7 +189,7 @@ pub fn main(a: DoctorArgs) -> Result<(), String> {
     }
 
     // 6. How jobs get the preload here, and the sidecar.
-    let preload = std::env::var("LD_PRELOAD").unwrap_or_default();
+    let preload = std::env::var_os("LD_PRELOAD").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
     let system = std::fs::read_to_string("/etc/ld.so.preload").unwrap_or_default();
     if preload.contains(super::LIB_NAME) {
         c.ok("preload", &format!("LD_PRELOAD={preload}"));
@@ -208,7 +210,14 @@ pub fn main(a: DoctorArgs) -> Result<(), String> {
 }
 
 fn check_limits(c: &mut Checks, devices: &[limits::DeviceInfo], resolvable: bool) {
-    let vars = super::limit_vars_from_env();
+    let vars = match super::limit_vars_from_env() {
+        Ok(v) => v,
+        Err(e) => {
+            let fix = format!("set {} in plain text (the expected form is above) or unset it", e.var);
+            c.fail("limits", &format!("{e}. A job would fail to initialise CUDA with it"), &fix);
+            return;
+        }
+    };
     if let Some((_, v)) = vars.iter().find(|(k, _)| k == "VRAMCAP_DISABLE") {
         if matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on") {
             c.info("limits", "VRAMCAP_DISABLE is set: the library passes everything through uncapped", None);

@@ -85,12 +85,13 @@ pub fn clear_vramcap_env(cmd: &mut Command) {
     }
 }
 
-/// The environment's limit-related variables as `(name, value)` pairs, for `config::group`.
-pub fn limit_vars_from_env() -> Vec<(String, String)> {
-    std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .filter(|(k, _)| k.starts_with("VRAMCAP_") || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT"))
-        .collect()
+/// The environment's limit-related variables as `(name, value)` pairs, for `config::group`;
+/// `Err` names a variable that is not UTF-8 (the library refuses to run with it).
+pub fn limit_vars_from_env() -> Result<Vec<(String, String)>, limits::ConfigError> {
+    match group::vars_from(std::env::vars_os()) {
+        (_, Some(e)) => Err(e),
+        (vars, None) => Ok(vars),
+    }
 }
 
 /// Exit status of a finished child as a shell reports it: its code, or 128 + the signal.

@@ -75,8 +75,10 @@ pub fn result_name(rc: u64) -> String {
     format!("{n} ({rc})")
 }
 
-fn driver_name() -> String {
-    std::env::var("VRAMCAP_REAL_LIBCUDA").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "libcuda.so.1".into())
+/// The driver the library would open; the raw bytes (a path need not be UTF-8, and the library
+/// refuses a value that is not, which the doctor reports under "limits").
+fn driver_name() -> std::ffi::OsString {
+    std::env::var_os("VRAMCAP_REAL_LIBCUDA").filter(|v| !v.is_empty()).unwrap_or_else(|| "libcuda.so.1".into())
 }
 
 fn dlerr() -> String {
@@ -95,8 +97,8 @@ fn file_of(f: *const c_void) -> String {
 
 fn open_driver() -> Result<*mut c_void, i32> {
     let name = driver_name();
-    println!("lib={name}");
-    let c = CString::new(name).map_err(|_| {
+    println!("lib={}", name.to_string_lossy());
+    let c = CString::new(name.into_encoded_bytes()).map_err(|_| {
         println!("error=VRAMCAP_REAL_LIBCUDA contains a NUL byte");
         3
     })?;

@@ -80,7 +80,7 @@ fn variables(a: &RunArgs, trace: Option<&str>, sidecar: Option<&str>) -> Result<
             set.push((var, v.clone()));
         }
     }
-    let mut all = super::limit_vars_from_env();
+    let mut all = super::limit_vars_from_env().map_err(|e| explain(&e, a))?;
     all.retain(|(k, _)| !set.iter().any(|(s, _)| k == s));
     all.extend(set.iter().map(|(k, v)| (k.to_string(), v.clone())));
     group::from_vars(all.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(|e| explain(&e, a))?;

@@ -40,6 +40,39 @@ fn check_name(v: &str) -> Result<String, ConfigError> {
     }
 }
 
+/// Whether vramcap reads this variable (the library's and the CLI's one rule).
+pub fn is_ours(name: &[u8]) -> bool {
+    (name.len() >= 8 && name[..8].eq_ignore_ascii_case(b"VRAMCAP_")) || name.starts_with(b"CUDA_DEVICE_MEMORY_LIMIT")
+}
+
+/// The variables vramcap reads (shared by the library and the CLI), out of `(name, value)` pairs from the environment. A name or a
+/// value that is not UTF-8 cannot be read as what it was meant to say (a limit, a group, a
+/// driver path), so it is invalid input: the first one is returned as the error, never skipped.
+pub fn vars_from(
+    env: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> (Vec<(String, String)>, Option<ConfigError>) {
+    use std::os::unix::ffi::OsStrExt;
+    let mut vars = Vec::new();
+    let mut bad = None;
+    for (k, v) in env {
+        if !is_ours(k.as_bytes()) {
+            continue;
+        }
+        match (k.to_str(), v.to_str()) {
+            (Some(k), Some(v)) => vars.push((k.to_string(), v.to_string())),
+            _ => {
+                bad.get_or_insert_with(|| ConfigError {
+                    var: k.to_string_lossy().into_owned(),
+                    value: v.to_string_lossy().into_owned(),
+                    reason: "not valid UTF-8 (bytes shown as \u{fffd})".into(),
+                    expected: "a value in plain text; see docs/configuration.md for each variable's form".into(),
+                });
+            }
+        }
+    }
+    (vars, bad)
+}
+
 /// Per-process limits and the group (if any) from the environment pairs.
 pub fn from_vars<'a>(
     vars: impl Iterator<Item = (&'a str, &'a str)> + Clone,
@@ -85,6 +118,27 @@ mod tests {
 
     fn parse(v: &[(&str, &str)]) -> Result<(LimitSpec, Option<GroupConfig>), ConfigError> {
         from_vars(v.iter().map(|(a, b)| (*a, *b)))
+    }
+
+    #[test]
+    fn non_utf8_is_an_error_not_a_silent_unset() {
+        use std::ffi::OsString;
+        use std::os::unix::ffi::OsStringExt;
+        let raw = |k: &[u8], v: &[u8]| (OsString::from_vec(k.to_vec()), OsString::from_vec(v.to_vec()));
+        for name in ["VRAMCAP_LIMIT", "VRAMCAP_LIMIT_1", "VRAMCAP_GROUP_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT_0"] {
+            let (vars, bad) = vars_from(
+                vec![raw(b"PATH", b"/bin"), raw(name.as_bytes(), b"1\xffg"), raw(b"VRAMCAP_LOG", b"info")].into_iter(),
+            );
+            let e = bad.unwrap_or_else(|| panic!("{name}: non-UTF-8 accepted"));
+            assert_eq!(e.var, name);
+            assert!(e.to_string().contains("UTF-8"), "{e}");
+            assert_eq!(vars, vec![("VRAMCAP_LOG".to_string(), "info".to_string())]);
+        }
+        // A name that is not UTF-8 but is one of ours is just as unreadable.
+        assert!(vars_from(vec![raw(b"VRAMCAP_LIMIT_\xff", b"1g")].into_iter()).1.is_some());
+        // Other programs' variables are none of our business.
+        let (vars, bad) = vars_from(vec![raw(b"LANG", b"\xff"), raw(b"X\xff", b"1")].into_iter());
+        assert!(vars.is_empty() && bad.is_none());
     }
 
     #[test]

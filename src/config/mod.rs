@@ -107,11 +107,14 @@ impl Config {
     }
 
     fn from_env() -> Config {
-        let vars: Vec<(String, String)> = std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-            .filter(|(k, _)| names::is_ours(k) || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT"))
-            .collect();
-        ceiling::from_env_vars(&vars)
+        // Case-insensitive prefix, so a misspelled `vramcap_limit` reaches the unknown-name warning.
+        let (vars, bad) = group::vars_from(std::env::vars_os());
+        let mut c = ceiling::from_env_vars(&vars);
+        // A variable we could not read is no variable: the limit it meant would silently vanish.
+        if let Some(e) = bad {
+            c.error = Some(e);
+        }
+        c
     }
 }
 

@@ -52,6 +52,28 @@ pub unsafe fn create_3d(arr: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR)
     charge::alloc(Hook::cuArray3DCreate_v2, Kind::Array, Target::CurrentContext, size, call, || unsafe { *arr as u64 })
 }
 
+pub unsafe fn create_2d_v1(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult {
+    let Some(f) = real::cuArrayCreate() else { return MISSING_REAL };
+    let call = || unsafe { f(arr, desc) };
+    if desc.is_null() || arr.is_null() {
+        return call();
+    }
+    let d = unsafe { &*desc };
+    let size = array_bytes(d.width as usize, d.height as usize, 0, d.format, d.num_channels, 1);
+    charge::alloc(Hook::cuArrayCreate, Kind::Array, Target::CurrentContext, size, call, || unsafe { *arr as u64 })
+}
+
+pub unsafe fn create_3d_v1(arr: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> CUresult {
+    let Some(f) = real::cuArray3DCreate() else { return MISSING_REAL };
+    let call = || unsafe { f(arr, desc) };
+    if desc.is_null() || arr.is_null() {
+        return call();
+    }
+    let d = unsafe { &*desc };
+    let size = array_bytes(d.width as usize, d.height as usize, d.depth as usize, d.format, d.num_channels, 1);
+    charge::alloc(Hook::cuArray3DCreate, Kind::Array, Target::CurrentContext, size, call, || unsafe { *arr as u64 })
+}
+
 pub unsafe fn create_mipmapped(arr: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult {
     let Some(f) = real::cuMipmappedArrayCreate() else { return MISSING_REAL };
     let call = || unsafe { f(arr, desc, levels) };

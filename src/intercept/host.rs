@@ -19,6 +19,11 @@ pub unsafe fn alloc_host_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
     traced(Op::HostAlloc, Hook::cuMemAllocHost_v2, || unsafe { *pp as u64 }, size as u64, || unsafe { f(pp, size) })
 }
 
+pub unsafe fn alloc_host_v1(pp: *mut *mut c_void, size: c_uint) -> CUresult {
+    let Some(f) = real::cuMemAllocHost() else { return MISSING_REAL };
+    traced(Op::HostAlloc, Hook::cuMemAllocHost, || unsafe { *pp as u64 }, size as u64, || unsafe { f(pp, size) })
+}
+
 pub unsafe fn free_host(p: *mut c_void) -> CUresult {
     let Some(f) = real::cuMemFreeHost() else { return MISSING_REAL };
     traced(Op::HostFree, Hook::cuMemFreeHost, || p as u64, 0, || unsafe { f(p) })
@@ -29,6 +34,11 @@ pub unsafe fn register_v2(p: *mut c_void, size: usize, flags: c_uint) -> CUresul
     traced(Op::HostAlloc, Hook::cuMemHostRegister_v2, || p as u64, size as u64, || unsafe { f(p, size, flags) })
 }
 
+pub unsafe fn register_v1(p: *mut c_void, size: usize, flags: c_uint) -> CUresult {
+    let Some(f) = real::cuMemHostRegister() else { return MISSING_REAL };
+    traced(Op::HostAlloc, Hook::cuMemHostRegister, || p as u64, size as u64, || unsafe { f(p, size, flags) })
+}
+
 pub unsafe fn unregister(p: *mut c_void) -> CUresult {
     let Some(f) = real::cuMemHostUnregister() else { return MISSING_REAL };
     traced(Op::HostFree, Hook::cuMemHostUnregister, || p as u64, 0, || unsafe { f(p) })
@@ -37,6 +47,11 @@ pub unsafe fn unregister(p: *mut c_void) -> CUresult {
 pub unsafe fn ipc_open_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> CUresult {
     let Some(f) = real::cuIpcOpenMemHandle_v2() else { return MISSING_REAL };
     traced(Op::IpcOpen, Hook::cuIpcOpenMemHandle_v2, || unsafe { *pdptr }, 0, || unsafe { f(pdptr, handle, flags) })
+}
+
+pub unsafe fn ipc_open_v1(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> CUresult {
+    let Some(f) = real::cuIpcOpenMemHandle() else { return MISSING_REAL };
+    traced(Op::IpcOpen, Hook::cuIpcOpenMemHandle, || unsafe { *pdptr }, 0, || unsafe { f(pdptr, handle, flags) })
 }
 
 pub unsafe fn ipc_close(dptr: CUdeviceptr) -> CUresult {

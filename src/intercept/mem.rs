@@ -34,6 +34,15 @@ pub unsafe fn alloc_pitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: u
     })
 }
 
+pub unsafe fn alloc_pitch_v1(dptr: *mut CUdeviceptr_v1, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint) -> CUresult {
+    let Some(f) = real::cuMemAllocPitch() else { return MISSING_REAL };
+    let call = || unsafe { f(dptr, pitch, width, height, elem) };
+    let bound = (width as u64).div_ceil(PITCH_BOUND_ALIGN).saturating_mul(PITCH_BOUND_ALIGN).saturating_mul(height as u64);
+    charge::alloc_settled(Hook::cuMemAllocPitch, Kind::DevicePtr, Target::CurrentContext, bound, call, || unsafe {
+        (*dptr as u64, (*pitch as u64).saturating_mul(height as u64))
+    })
+}
+
 /// Managed memory is counted as device memory on the current device: it can all be resident
 /// there, and the cap must hold when it is.
 pub unsafe fn alloc_managed(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> CUresult {

@@ -11,6 +11,7 @@ pub mod host;
 pub mod init;
 pub mod mem;
 pub mod nvml;
+pub mod nvml_early;
 pub mod pool;
 pub mod pool_table;
 pub mod pressure;

@@ -3,7 +3,8 @@
 //! its group's), free = min(physical free, total − charged), used = total − free; never above
 //! physical, never negative. NVML numbers devices
 //! its own way (all GPUs, no `CUDA_VISIBLE_DEVICES`), so a handle is matched to a CUDA ordinal by
-//! UUID; a GPU this process cannot see through CUDA keeps the physical view.
+//! UUID once CUDA is up (before that: `nvml_early`); a GPU this process cannot see through CUDA
+//! keeps the physical view.
 
 use super::init::{ensure_limits, format_uuid};
 use super::mem::virtual_info;
@@ -35,7 +36,14 @@ fn cuda_ordinal(dev: nvmlDevice_t) -> Option<usize> {
 
 /// (total, free, used) as this process should see them, or `None` for the physical view.
 fn capped(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64, u64, u64)> {
-    if mode() != Mode::Enforce || ensure_limits().is_err() {
+    if mode() != Mode::Enforce {
+        return None;
+    }
+    // Before CUDA is up the UUID match below has no CUDA to ask (and must not start it).
+    if !super::nvml_early::cuda_is_up() {
+        return super::nvml_early::capped(dev, phys_total, phys_free);
+    }
+    if ensure_limits().is_err() {
         return None;
     }
     let d = cuda_ordinal(dev)?;

@@ -15,6 +15,12 @@
 #define CLIENT_EXTRA(X) \
     X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0) \
     X(cuMemAllocManaged, "cuMemAllocManaged", 6000, 0) \
+    X(cuMemAllocPitch, "cuMemAllocPitch", 2000, 0) \
+    X(cuArrayCreate, "cuArrayCreate", 2000, 0) \
+    X(cuArray3DCreate, "cuArray3DCreate", 2000, 0) \
+    X(cuMemAllocHost, "cuMemAllocHost", 2000, 0) \
+    X(cuMemHostRegister, "cuMemHostRegister", 4000, 0) \
+    X(cuIpcOpenMemHandle, "cuIpcOpenMemHandle", 4010, 0) \
     X(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity", 10020, 0) \
     X(cuMemCreate, "cuMemCreate", 10020, 0) \
     X(cuMemRelease, "cuMemRelease", 10020, 0) \

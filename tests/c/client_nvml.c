@@ -1,6 +1,7 @@
 /* client_nvml: NVML's memory view next to CUDA's, NVML reached by linking (-lnvidia-ml) and by
  * dlsym on a private libnvidia-ml.so.1 handle.
  *   init | ctx DEV | alloc SIZE_MIB | cuinfo
+ *   cucount                                     -> cucount rc=N (cuDeviceGetCount: 3 before cuInit)
  *   nvml I | nvml2 I | nvmlsym I | nvmlnull I   -> nvml rc=N total=T free=F used=U (NVML index I) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -41,6 +42,9 @@ int main(int argc, char **argv)
             printf("ctx rc=%d\n", rc ? rc : cuCtxSetCurrent(c));
         } else if (!strcmp(op, "alloc")) {
             printf("alloc rc=%d\n", cuMemAlloc_v2(&p, (size_t)atoll(argv[++i]) << 20));
+        } else if (!strcmp(op, "cucount")) {
+            int n = 0;
+            printf("cucount rc=%d\n", cuDeviceGetCount(&n));
         } else if (!strcmp(op, "cuinfo")) {
             size_t f = 0, t = 0;
             rc = cuMemGetInfo_v2(&f, &t);

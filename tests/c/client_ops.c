@@ -168,6 +168,42 @@ int client_extra_op(const struct cu_api *A, const char *op, int argc, char **arg
         OUT("pitch rc=%d slot=%llu pitch=%zu", rc, new_slot(rc ? 0 : p), pitch);
         return 2;
     }
+    /* The legacy ABIs (32-bit sizes and pointers, pre-3.2 descriptors, pre-6.5/11.0 host/IPC). */
+    if (!strcmp(op, "pitch1")) {
+        CUdeviceptr_v1 p1 = 0;
+        unsigned int pitch = 0;
+        rc = A->cuMemAllocPitch(&p1, &pitch, (unsigned int)num(ARG(0)), (unsigned int)num(ARG(1)), 4);
+        OUT("pitch1 rc=%d slot=%llu pitch=%u", rc, new_slot(rc ? 0 : p1), pitch);
+        return 2;
+    }
+    if (!strcmp(op, "array1") || !strcmp(op, "array3d1")) {
+        CUarray a = NULL;
+        int three = op[5] == '3';
+        if (!three) {
+            CUDA_ARRAY_DESCRIPTOR_v1 d = { (unsigned int)num(ARG(0)), (unsigned int)num(ARG(1)), CU_AD_FORMAT_FLOAT, 1 };
+            rc = A->cuArrayCreate(&a, &d);
+        } else {
+            CUDA_ARRAY3D_DESCRIPTOR_v1 d = { (unsigned int)num(ARG(0)), (unsigned int)num(ARG(1)),
+                                             (unsigned int)num(ARG(2)), CU_AD_FORMAT_FLOAT, 1, 0 };
+            rc = A->cuArray3DCreate(&a, &d);
+        }
+        OUT("array1 rc=%d slot=%llu", rc, new_slot(rc ? 0 : (unsigned long long)(uintptr_t)a));
+        return three ? 3 : 2;
+    }
+    if (!strcmp(op, "host1")) {
+        void *b = NULL, *c = malloc(num(ARG(0)));
+        CUipcMemHandle ipc;
+        CUdeviceptr d = (CUdeviceptr)(uintptr_t)&ipc, opened = 0;
+        memset(&ipc, 0, sizeof ipc);
+        memcpy(ipc.reserved, &d, sizeof d);
+        if (!(rc = A->cuMemAllocHost(&b, (unsigned int)num(ARG(0)))) && !(rc = A->cuMemHostRegister(c, num(ARG(0)), 0)) &&
+            !(rc = A->cuMemHostUnregister(c)) && !(rc = A->cuMemFreeHost(b)) &&
+            !(rc = A->cuIpcOpenMemHandle(&opened, ipc, 1)))
+            rc = opened == d ? A->cuIpcCloseMemHandle(opened) : CUDA_ERROR_UNKNOWN;
+        free(c);
+        OUT("host1 rc=%d", rc);
+        return 1;
+    }
     if (!strcmp(op, "managed")) {
         rc = A->cuMemAllocManaged(&p, num(ARG(0)), 1);
         OUT("managed rc=%d slot=%llu", rc, new_slot(rc ? 0 : p));
