@@ -3,6 +3,8 @@
 
 pub mod group;
 pub mod limits;
+pub mod names;
+pub mod privacy;
 pub mod size;
 
 pub use group::GroupConfig;

@@ -174,6 +174,16 @@ fn hello_line() -> Vec<u8> {
     let mut v = serde_json::to_value(header()).unwrap_or_default();
     if let Some(obj) = v.as_object_mut() {
         obj.insert("protocol".into(), sidecar::PROTOCOL.into());
+        // The sidecar is shared by the node: the command line (which may carry secrets) goes
+        // only when asked for, and redacted (docs/security.md).
+        let cmdline = match obj.get("cmdline").and_then(|c| c.as_array()) {
+            Some(args) if config::privacy::cmdline_wanted(std::env::var("VRAMCAP_SIDECAR_CMDLINE").ok().as_deref()) => {
+                let args: Vec<String> = args.iter().filter_map(|a| a.as_str().map(str::to_string)).collect();
+                config::privacy::redact(&args)
+            }
+            _ => Vec::new(),
+        };
+        obj.insert("cmdline".into(), cmdline.into());
         for (field, var) in [("namespace", "POD_NAMESPACE"), ("pod", "POD_NAME"), ("container", "CONTAINER_NAME")] {
             if let Some(val) = std::env::var(var).ok().filter(|s| !s.is_empty()) {
                 obj.insert(field.into(), val.into());
