@@ -14,7 +14,7 @@ mod shm;
 mod file;
 
 use super::state::Registry;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,6 +22,9 @@ use std::time::Duration;
 
 /// Bytes given back to groups since start (metric `vramcap_group_reclaimed_bytes_total`).
 pub static RECLAIMED_BYTES: AtomicU64 = AtomicU64::new(0);
+/// The last error each group's ledger gave: a ledger that stays unusable is reported once, not
+/// every sweep (a client could otherwise keep the log busy by naming it).
+static LAST_ERROR: Mutex<BTreeMap<String, String>> = Mutex::new(BTreeMap::new());
 
 /// Sweeps `dir/vramcap-group-<name>` for every group name clients have reported, every `every`.
 /// A name is forgotten once no connected client names it and its ledger has no members left (or
@@ -40,6 +43,7 @@ pub fn spawn(dir: PathBuf, registry: Arc<Mutex<Registry>>, every: Duration) -> s
                 // Checked under the lock: a client that names the group now keeps it.
                 if !reg.clients.values().any(|c| c.group.as_deref() == Some(g.as_str())) {
                     reg.groups.remove(&g);
+                    LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner()).remove(&g);
                 }
             }
         }
@@ -73,13 +77,23 @@ fn open_ledger(path: &Path) -> Result<Option<file::Mapping>, String> {
 /// One group: returns (members, bytes) reclaimed and the members left (0 without a ledger).
 pub fn sweep(dir: &Path, group: &str) -> (usize, u64, usize) {
     let path = file::path_for(&dir.to_string_lossy(), group);
-    let m = match open_ledger(&path) {
-        Ok(Some(m)) => m,
-        Ok(None) => return (0, 0, 0),
-        Err(e) => {
-            super::logline::log("group ledger", &format!("group {group:?}: {e}"));
-            return (0, 0, 0);
+    let opened = open_ledger(&path);
+    {
+        let mut last = LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner());
+        match &opened {
+            Err(e) if last.get(group) != Some(e) => {
+                super::logline::log("group ledger", &format!("group {group:?}: {e}"));
+                last.insert(group.to_string(), e.clone());
+            }
+            Err(_) => {}
+            Ok(_) => {
+                last.remove(group);
+            }
         }
+    }
+    let m = match opened {
+        Ok(Some(m)) => m,
+        Ok(None) | Err(_) => return (0, 0, 0),
     };
     let (n, bytes) = m.shm.reclaim_dead(std::process::id(), &file::liveness);
     let left = m.shm.members();
