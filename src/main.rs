@@ -55,6 +55,17 @@ enum Cmd {
         /// Reclaim the charges of dead group members every this many seconds.
         #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
         reclaim_every: f64,
+        /// Disconnect a client that sends nothing for this many seconds (live ones send a usage
+        /// snapshot every second).
+        #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+        idle_timeout: f64,
+        /// Connections one uid may hold at once (of 4096 in all); more are closed at once.
+        #[arg(long, value_name = "N", default_value_t = 512)]
+        max_connections_per_uid: usize,
+        /// Numeric gid whose members (like root) see every process in `vramcap top`; everyone
+        /// else sees only the processes of their own uid.
+        #[arg(long, value_name = "GID")]
+        admin_group: Option<u32>,
     },
     /// Live table of the processes a sidecar sees.
     Top {
@@ -152,12 +163,18 @@ fn main() {
             Ok(size::Size::Percent(p)) => Ok(println!("{p}% of the device")),
             Err(e) => Err(format!("invalid size {spec:?}: {e}; expected {}", size::SIZE_FORM)),
         },
-        Cmd::Sidecar { socket, metrics, trace_dir, hello_timeout, group_dir, reclaim_every } => {
+        Cmd::Sidecar { socket, metrics, trace_dir, hello_timeout, group_dir, reclaim_every, idle_timeout, max_connections_per_uid, admin_group } => {
             if !(hello_timeout.is_finite() && hello_timeout > 0.0 && hello_timeout < 1e6) {
                 fail(format!("invalid --hello-timeout {hello_timeout}: expected seconds, greater than 0"));
             }
             if !(reclaim_every.is_finite() && reclaim_every >= 0.05 && reclaim_every < 1e6) {
                 fail(format!("invalid --reclaim-every {reclaim_every}: expected seconds, at least 0.05"));
+            }
+            if !(idle_timeout.is_finite() && idle_timeout >= 1.0 && idle_timeout < 1e6) {
+                fail(format!("invalid --idle-timeout {idle_timeout}: expected seconds, at least 1 (clients report every second)"));
+            }
+            if max_connections_per_uid == 0 {
+                fail("invalid --max-connections-per-uid 0: expected at least 1".to_string());
             }
             let opts = sidecar::Options {
                 socket,
@@ -166,6 +183,9 @@ fn main() {
                 hello_timeout: std::time::Duration::from_secs_f64(hello_timeout),
                 group_dir,
                 reclaim_every: std::time::Duration::from_secs_f64(reclaim_every),
+                idle_timeout: std::time::Duration::from_secs_f64(idle_timeout),
+                max_per_uid: max_connections_per_uid,
+                admin_gid: admin_group,
             };
             if let Err(e) = sidecar::run(opts) {
                 eprintln!("vramcap sidecar: {e}");

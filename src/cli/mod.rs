@@ -16,6 +16,10 @@ pub mod limits;
 #[allow(dead_code)]
 #[path = "../config/group.rs"]
 pub mod group;
+// `group.rs` checks names with `super::group_name`.
+#[allow(dead_code)]
+#[path = "../config/group_name.rs"]
+pub mod group_name;
 // `limits.rs` names the size grammar as `super::size`.
 pub(crate) use crate::size;
 

@@ -21,14 +21,10 @@ pub struct GroupConfig {
     pub dir: String,
 }
 
-const NAME_FORM: &str = "1 to 64 characters from A-Z a-z 0-9 . _ - (not starting with .)";
+const NAME_FORM: &str = super::group_name::FORM;
 
 fn check_name(v: &str) -> Result<String, ConfigError> {
-    let ok = !v.is_empty()
-        && v.len() <= 64
-        && !v.starts_with('.')
-        && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
-    if ok {
+    if super::group_name::valid(v) {
         Ok(v.to_string())
     } else {
         Err(ConfigError {

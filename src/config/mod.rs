@@ -5,6 +5,8 @@ pub mod ceiling;
 pub mod group;
 pub mod limits;
 pub mod names;
+pub mod group_name;
+pub mod privacy;
 pub mod size;
 
 pub use group::GroupConfig;

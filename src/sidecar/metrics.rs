@@ -1,12 +1,22 @@
-//! `/metrics` in the Prometheus text exposition format (version 0.0.4), served by one thread
-//! with short socket timeouts, so a slow scraper can delay only other scrapes, never the clients.
+//! `/metrics` in the Prometheus text exposition format (version 0.0.4). Each request is served
+//! on a thread of its own (at most `MAX_IN_FLIGHT` at once; more are answered 503 at once) with a
+//! deadline for the whole request, not per read: a scraper that trickles its request or reads
+//! the answer slowly holds one thread for at most `DEADLINE` and never delays anyone else.
 
 use super::state::{Client, Registry};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// Whole-request deadline: reading the request and writing the answer.
+const DEADLINE: Duration = Duration::from_secs(5);
+/// Requests served at once.
+const MAX_IN_FLIGHT: usize = 64;
+/// Longest request head read.
+const MAX_REQUEST: usize = 16 * 1024;
 
 fn escape(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
@@ -50,6 +60,10 @@ pub fn render(r: &Registry) -> String {
     let _ = writeln!(out, "vramcap_clients {}", clients.len());
     family(&mut out, "vramcap_bad_clients_total", "counter", "Connections dropped for breaking the protocol (malformed or oversized lines, no header in time).");
     let _ = writeln!(out, "vramcap_bad_clients_total {}", r.bad_clients);
+    family(&mut out, "vramcap_refused_connections_total", "counter", "Connections closed at once: the sidecar's connection limit or the peer uid's quota was reached.");
+    let _ = writeln!(out, "vramcap_refused_connections_total {}", r.refused);
+    family(&mut out, "vramcap_groups", "gauge", "Group names the sidecar sweeps for dead members (named by a connected client, or with members left in their ledger).");
+    let _ = writeln!(out, "vramcap_groups {}", r.groups.len());
     family(&mut out, "vramcap_group_reclaimed_bytes_total", "counter", "Bytes given back to group budgets from members that died without freeing.");
     let _ = writeln!(out, "vramcap_group_reclaimed_bytes_total {}", super::reclaim::RECLAIMED_BYTES.load(std::sync::atomic::Ordering::Relaxed));
 
@@ -88,22 +102,62 @@ pub fn render(r: &Registry) -> String {
     out
 }
 
-/// Serves until the process exits. One request per connection.
+/// Serves until the process exits. One request per connection, each on its own thread.
 pub fn serve(listener: TcpListener, registry: Arc<Mutex<Registry>>) {
+    static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
     for stream in listener.incoming() {
-        let Ok(stream) = stream else { continue };
-        let _ = answer(stream, &registry);
+        let Ok(mut stream) = stream else {
+            // EMFILE and friends: give the descriptors a moment to come back.
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        if IN_FLIGHT.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT {
+            IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+            let _ = stream.set_nonblocking(true);
+            let _ = stream.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            continue;
+        }
+        let r = registry.clone();
+        let spawned = std::thread::Builder::new().name("metrics-request".into()).stack_size(256 * 1024).spawn(move || {
+            let _ = answer(stream, &r, Instant::now() + DEADLINE);
+            IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+        });
+        if spawned.is_err() {
+            IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
-fn answer(mut s: TcpStream, registry: &Mutex<Registry>) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+/// The time left before `deadline`, as a socket timeout; an error once it has passed.
+fn left(deadline: Instant) -> std::io::Result<Option<Duration>> {
+    let d = deadline.saturating_duration_since(Instant::now());
+    if d.is_zero() {
+        return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "request deadline passed"));
+    }
+    Ok(Some(d))
+}
+
+/// Writes all of `bytes` before `deadline` (each write waits at most for the time left).
+fn write_by(s: &mut TcpStream, mut bytes: &[u8], deadline: Instant) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        s.set_write_timeout(left(deadline)?)?;
+        match s.write(bytes) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn answer(mut s: TcpStream, registry: &Mutex<Registry>, deadline: Instant) -> std::io::Result<()> {
     let mut req = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
     while !req.windows(4).any(|w| w == b"\r\n\r\n") && !req.windows(2).any(|w| w == b"\n\n") {
+        s.set_read_timeout(left(deadline)?)?;
         let n = s.read(&mut buf)?;
-        if n == 0 || req.len() > 16 * 1024 {
+        if n == 0 || req.len() > MAX_REQUEST {
             break;
         }
         req.extend_from_slice(&buf[..n]);
@@ -122,8 +176,8 @@ fn answer(mut s: TcpStream, registry: &Mutex<Registry>) -> std::io::Result<()> {
         _ => ("405 Method Not Allowed", "text/plain; charset=utf-8", "only GET\n".to_string()),
     };
     let head = format!("HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
-    s.write_all(head.as_bytes())?;
-    s.write_all(body.as_bytes())
+    write_by(&mut s, head.as_bytes(), deadline)?;
+    write_by(&mut s, body.as_bytes(), deadline)
 }
 
 #[cfg(test)]

@@ -1,7 +1,14 @@
 //! `vramcap sidecar` and `vramcap top` (CLI only; the preload side is src/trace/sidecar.rs).
 //! Protocol: docs/sidecar-protocol.md.
 
+mod logline;
 mod metrics;
+#[allow(dead_code)]
+#[path = "../config/group_name.rs"]
+mod group_name;
+#[allow(dead_code)]
+#[path = "../config/privacy.rs"]
+mod privacy;
 mod reclaim;
 mod server;
 /// Public for the fuzz target `sidecar_records` (fuzz/), which feeds it client lines.
@@ -29,6 +36,12 @@ pub struct Options {
     pub group_dir: PathBuf,
     /// How often dead group members are reclaimed.
     pub reclaim_every: Duration,
+    /// A connected client that sends nothing for this long is dropped.
+    pub idle_timeout: Duration,
+    /// Connections one uid may hold at once.
+    pub max_per_uid: usize,
+    /// Members of this group (and root) see every process in a query; others only their own uid's.
+    pub admin_gid: Option<u32>,
 }
 
 /// Runs the sidecar until killed. `Err` is a message for the user (bad input, path owned).
@@ -44,6 +57,7 @@ pub fn run(opts: Options) -> Result<(), String> {
         }
         None => None,
     };
+    raise_fd_limit();
     let listener = listen(&opts.socket)?;
     eprintln!("vramcap sidecar: listening on {}", opts.socket.display());
     let registry = Arc::new(Mutex::new(state::Registry::default()));
@@ -54,8 +68,24 @@ pub fn run(opts: Options) -> Result<(), String> {
         std::thread::Builder::new().name("metrics".into()).spawn(move || metrics::serve(l, r)).map_err(|e| e.to_string())?;
     }
     reclaim::spawn(opts.group_dir.clone(), registry.clone(), opts.reclaim_every).map_err(|e| e.to_string())?;
-    server::Server::new(listener, registry, opts.trace_dir, opts.hello_timeout).run();
+    let limits = server::Limits {
+        hello_timeout: opts.hello_timeout,
+        idle_timeout: opts.idle_timeout,
+        max_per_uid: opts.max_per_uid,
+        admin_gid: opts.admin_gid,
+    };
+    server::Server::new(listener, registry, opts.trace_dir, limits).run();
     Ok(())
+}
+
+/// The sidecar holds up to 4 096 client connections plus the /metrics scrapers: the soft
+/// descriptor limit (often 1 024) is raised to the hard one.
+fn raise_fd_limit() {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 && r.rlim_cur < r.rlim_max {
+        r.rlim_cur = r.rlim_max.min(1 << 16);
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
+    }
 }
 
 /// Binds the socket (mode 0660, its directory created if missing). A path where a live sidecar

@@ -20,45 +20,93 @@ mod liveness;
 mod guard;
 
 use super::state::Registry;
-use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Bytes given back to groups since start (metric `vramcap_group_reclaimed_bytes_total`).
 pub static RECLAIMED_BYTES: AtomicU64 = AtomicU64::new(0);
+/// The last error each group's ledger gave: a ledger that stays unusable is reported once, not
+/// every sweep (a client could otherwise keep the log busy by naming it).
+static LAST_ERROR: Mutex<BTreeMap<String, String>> = Mutex::new(BTreeMap::new());
 
 /// Sweeps `dir/vramcap-group-<name>` for every group name clients have reported, every `every`.
+/// A name is forgotten once no connected client names it and its ledger has no members left (or
+/// there is no usable ledger): what clients send can never make the set grow for good.
 pub fn spawn(dir: PathBuf, registry: Arc<Mutex<Registry>>, every: Duration) -> std::io::Result<()> {
     std::thread::Builder::new().name("group-reclaim".into()).spawn(move || {
         loop {
             std::thread::sleep(every);
             let groups: BTreeSet<String> = registry.lock().unwrap_or_else(|e| e.into_inner()).groups.clone();
-            for g in &groups {
-                sweep(&dir, g);
+            let empty: Vec<String> = groups.into_iter().filter(|g| sweep(&dir, g).2 == 0).collect();
+            if empty.is_empty() {
+                continue;
+            }
+            let mut reg = registry.lock().unwrap_or_else(|e| e.into_inner());
+            for g in empty {
+                // Checked under the lock: a client that names the group now keeps it.
+                if !reg.clients.values().any(|c| c.group.as_deref() == Some(g.as_str())) {
+                    reg.groups.remove(&g);
+                    LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner()).remove(&g);
+                }
             }
         }
     })?;
     Ok(())
 }
 
-/// One group: returns (members, bytes) reclaimed.
-pub fn sweep(dir: &std::path::Path, group: &str) -> (usize, u64) {
+/// Opens the ledger without following a symlink: `O_PATH | O_NOFOLLOW` pins the directory entry
+/// itself, which must be a regular file, and the ledger code reopens that very file through
+/// `/proc/self/fd` (no second lookup of the name, so no swap in between).
+fn open_ledger(path: &Path) -> Result<Option<file::Mapping>, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| "a NUL in the path".to_string())?;
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENOENT) { Ok(None) } else { Err(format!("cannot open {}: {e}", path.display())) };
+    }
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let regular = unsafe { libc::fstat(fd, &mut st) } == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFREG;
+    let m = if regular {
+        file::open_existing(Path::new(&format!("/proc/self/fd/{fd}")))
+            .map_err(|e| e.replace(&format!("/proc/self/fd/{fd}"), &path.display().to_string()))
+    } else {
+        Err(format!("{} is not a regular file (a symlink is never followed); not swept", path.display()))
+    };
+    unsafe { libc::close(fd) };
+    m
+}
+
+/// One group: returns (members, bytes) reclaimed and the members left (0 without a ledger).
+pub fn sweep(dir: &Path, group: &str) -> (usize, u64, usize) {
     let path = file::path_for(&dir.to_string_lossy(), group);
-    let m = match file::open_existing(&path) {
-        Ok(Some(m)) => m,
-        Ok(None) => return (0, 0),
-        Err(e) => {
-            eprintln!("vramcap sidecar: group {group:?}: {e}");
-            return (0, 0);
+    let opened = open_ledger(&path);
+    {
+        let mut last = LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner());
+        match &opened {
+            Err(e) if last.get(group) != Some(e) => {
+                super::logline::log("group ledger", &format!("group {group:?}: {e}"));
+                last.insert(group.to_string(), e.clone());
+            }
+            Err(_) => {}
+            Ok(_) => {
+                last.remove(group);
+            }
         }
+    }
+    let m = match opened {
+        Ok(Some(m)) => m,
+        Ok(None) | Err(_) => return (0, 0, 0),
     };
     let (n, bytes) = m.shm.reclaim_dead(std::process::id(), &file::liveness);
+    let left = m.shm.members();
     m.unmap();
     if n > 0 {
         RECLAIMED_BYTES.fetch_add(bytes, Ordering::Relaxed);
         eprintln!("vramcap sidecar: group {group:?}: reclaimed {bytes} bytes from {n} dead member(s)");
     }
-    (n, bytes)
+    (n, bytes, left)
 }

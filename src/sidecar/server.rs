@@ -1,24 +1,48 @@
 //! The sidecar's socket loop: one thread, `poll(2)` over the listener and every connection, all
-//! sockets non-blocking. Nothing a client does can make it wait: reads take what is there,
-//! a line over 1 MiB, a malformed line or a connection silent past the hello timeout gets the
-//! client disconnected and counted, and answers to queries leave as the socket accepts them.
+//! sockets non-blocking. Nothing a client does can make it wait, and nothing it sends is kept
+//! without bound (docs/security.md): reads take what is there; a first line over 64 KiB, a later
+//! line over 1 MiB, a malformed line, a connection silent past the hello timeout, a line left
+//! unfinished for as long, or a client that sends nothing for the idle timeout gets the client
+//! disconnected and counted; the unfinished lines of all connections together are capped; one
+//! uid gets at most its quota of connections; and answers to queries leave as the socket accepts
+//! them, telling each client only about its own uid's processes.
 
-use super::state::{Client, Registry};
+use super::logline;
+use super::state::{Client, Registry, Viewer};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Longest line accepted; a longer one marks a broken or hostile client.
+/// Longest line accepted after the header; a longer one marks a broken or hostile client.
 pub const MAX_LINE: usize = 1 << 20;
+/// Longest first line (a header or a query): a header is a few KiB (the command line is cut to
+/// 4 KiB), so an unknown peer cannot make the sidecar hold a megabyte before it said who it is.
+pub const MAX_FIRST_LINE: usize = 64 << 10;
+/// Unfinished lines held for all connections together; a connection that would add to a full
+/// pool is dropped (a real client reconnects and is exact again at once).
+pub const MAX_BUFFERED: usize = 64 << 20;
 /// Connections beyond this are closed at once (the preload retries with backoff).
 const MAX_CONNECTIONS: usize = 4096;
 /// Read at most this much from one connection per round, so one busy client cannot starve others.
 const READ_PER_ROUND: usize = 1 << 20;
+
+/// What a server enforces, from the command line (`vramcap sidecar --help`).
+pub struct Limits {
+    /// First line within this time; no line left unfinished for longer.
+    pub hello_timeout: Duration,
+    /// A client silent for this long is dropped (a live one sends a usage snapshot every second).
+    pub idle_timeout: Duration,
+    /// Connections one uid may hold.
+    pub max_per_uid: usize,
+    /// Members of this group (and root) see every process in a query.
+    pub admin_gid: Option<u32>,
+}
 
 enum Phase {
     /// Connected, first line not seen yet.
@@ -33,8 +57,11 @@ struct Conn {
     stream: UnixStream,
     pid: i32,
     uid: u32,
+    gid: u32,
     phase: Phase,
     opened: Instant,
+    /// The last complete line (or the connection's opening).
+    last_line: Instant,
     input: Vec<u8>,
     output: Vec<u8>,
     trace: Option<File>,
@@ -46,19 +73,36 @@ pub struct Server {
     listener: UnixListener,
     registry: Arc<Mutex<Registry>>,
     trace_dir: Option<PathBuf>,
-    hello_timeout: Duration,
+    limits: Limits,
     conns: HashMap<u64, Conn>,
+    /// Open connections per uid.
+    per_uid: HashMap<u32, usize>,
+    /// Sum of every connection's unfinished input.
+    buffered: usize,
     next_id: u64,
 }
 
-/// Peer credentials of a connected Unix socket (the kernel's word, not the client's).
-fn peer_cred(s: &UnixStream) -> (i32, u32) {
+/// Peer credentials of a connected Unix socket (the kernel's word, not the client's). Unknown
+/// credentials are nobody's (uid and gid `u32::MAX`): such a peer sees nothing.
+fn peer_cred(s: &UnixStream) -> (i32, u32, u32) {
     let mut cred = libc::ucred { pid: 0, uid: u32::MAX, gid: u32::MAX };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     let rc = unsafe {
         libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut cred).cast(), &mut len)
     };
-    if rc != 0 { (0, u32::MAX) } else { (cred.pid, cred.uid) }
+    if rc != 0 { (0, u32::MAX, u32::MAX) } else { (cred.pid, cred.uid, cred.gid) }
+}
+
+/// Whether `pid` (connected now, so not reused) has `gid` among its supplementary groups.
+fn in_group(pid: i32, gid: u32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
 }
 
 /// File name characters we keep from a client-supplied executable name.
@@ -75,8 +119,8 @@ enum Outcome {
 }
 
 impl Server {
-    pub fn new(listener: UnixListener, registry: Arc<Mutex<Registry>>, trace_dir: Option<PathBuf>, hello_timeout: Duration) -> Server {
-        Server { listener, registry, trace_dir, hello_timeout, conns: HashMap::new(), next_id: 1 }
+    pub fn new(listener: UnixListener, registry: Arc<Mutex<Registry>>, trace_dir: Option<PathBuf>, limits: Limits) -> Server {
+        Server { listener, registry, trace_dir, limits, conns: HashMap::new(), per_uid: HashMap::new(), buffered: 0, next_id: 1 }
     }
 
     pub fn run(mut self) {
@@ -112,6 +156,7 @@ impl Server {
                 self.settle(*id, outcome);
             }
             self.expire();
+            logline::flush();
         }
     }
 
@@ -120,16 +165,33 @@ impl Server {
         for _ in 0..256 {
             match self.listener.accept() {
                 Ok((stream, _)) => {
-                    if self.conns.len() >= MAX_CONNECTIONS || stream.set_nonblocking(true).is_err() {
+                    let (pid, uid, gid) = peer_cred(&stream);
+                    let mine = self.per_uid.get(&uid).copied().unwrap_or(0);
+                    let full = if self.conns.len() >= MAX_CONNECTIONS {
+                        Some(format!("{MAX_CONNECTIONS} connections are open"))
+                    } else if mine >= self.limits.max_per_uid {
+                        Some(format!("uid {uid} holds {mine} connections (--max-connections-per-uid {})", self.limits.max_per_uid))
+                    } else {
+                        None
+                    };
+                    if let Some(why) = full {
+                        self.registry.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+                        logline::log("connection refused", &format!("refused a connection from pid {pid} (uid {uid}): {why}"));
                         continue;
                     }
-                    let (pid, uid) = peer_cred(&stream);
+                    if stream.set_nonblocking(true).is_err() {
+                        continue;
+                    }
+                    *self.per_uid.entry(uid).or_insert(0) += 1;
+                    let now = Instant::now();
                     let conn = Conn {
                         stream,
                         pid,
                         uid,
+                        gid,
                         phase: Phase::New,
-                        opened: Instant::now(),
+                        opened: now,
+                        last_line: now,
                         input: Vec::new(),
                         output: Vec::new(),
                         trace: None,
@@ -172,8 +234,17 @@ impl Server {
                 }
                 Ok(n) => {
                     taken += n;
+                    let before = c.input.len();
                     c.input.extend_from_slice(&scratch[..n]);
-                    let outcome = self.lines(id);
+                    let mut outcome = self.lines(id);
+                    let c = self.conns.get_mut(&id).expect("polled connection");
+                    let after = c.input.len();
+                    self.buffered = self.buffered + after - before;
+                    if matches!(outcome, Outcome::Keep) && after > 0 && self.buffered > MAX_BUFFERED {
+                        outcome = Outcome::Bad(format!(
+                            "the sidecar holds {MAX_BUFFERED} bytes of unfinished lines; dropped this connection's {after}"
+                        ));
+                    }
                     if !matches!(outcome, Outcome::Keep) {
                         return outcome;
                     }
@@ -204,8 +275,9 @@ impl Server {
         while let Some(nl) = input[start..].iter().position(|&b| b == b'\n') {
             let line = &input[start..start + nl + 1];
             start += nl + 1;
-            if line.len() > MAX_LINE + 1 {
-                outcome = Outcome::Bad(format!("a line of {} bytes (limit {MAX_LINE})", line.len() - 1));
+            let limit = if matches!(self.conns[&id].phase, Phase::New) { MAX_FIRST_LINE } else { MAX_LINE };
+            if line.len() > limit + 1 {
+                outcome = Outcome::Bad(format!("a line of {} bytes (limit {limit})", line.len() - 1));
                 break;
             }
             outcome = self.line(id, line);
@@ -217,8 +289,16 @@ impl Server {
         flush_trace(c);
         c.input = input;
         c.input.drain(..start);
-        if matches!(outcome, Outcome::Keep) && c.input.len() > MAX_LINE {
-            outcome = Outcome::Bad(format!("more than {MAX_LINE} bytes without a line end"));
+        if start > 0 {
+            c.last_line = Instant::now();
+        }
+        // A burst once is no reason to keep its buffer for the connection's life.
+        if c.input.capacity() > (64 << 10) && c.input.capacity() > 4 * c.input.len() {
+            c.input.shrink_to(2 * c.input.len());
+        }
+        let limit = if matches!(c.phase, Phase::New) { MAX_FIRST_LINE } else { MAX_LINE };
+        if matches!(outcome, Outcome::Keep) && c.input.len() > limit {
+            outcome = Outcome::Bad(format!("more than {limit} bytes without a line end"));
         }
         outcome
     }
@@ -238,8 +318,10 @@ impl Server {
         match (&c.phase, kind) {
             (Phase::Query, _) => Outcome::Keep,
             (Phase::New, "query") => {
+                let admin = c.uid == 0 || self.limits.admin_gid.is_some_and(|g| c.gid == g || in_group(c.pid, g));
+                let viewer = if admin { Viewer::All } else { Viewer::Uid(c.uid) };
                 let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-                let _ = serde_json::to_writer(&mut c.output, &reg.snapshot());
+                let _ = serde_json::to_writer(&mut c.output, &reg.snapshot_for(viewer));
                 c.output.push(b'\n');
                 c.phase = Phase::Query;
                 Outcome::Keep
@@ -295,27 +377,53 @@ impl Server {
             Outcome::Bad(reason) => Some(reason),
         };
         let Some(mut c) = self.conns.remove(&id) else { return };
+        self.buffered -= c.input.len();
+        if let Some(n) = self.per_uid.get_mut(&c.uid) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_uid.remove(&c.uid);
+            }
+        }
         let mut reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         reg.clients.remove(&id);
         if let Some(reason) = reason {
             reg.bad_clients += 1;
             drop(reg);
-            eprintln!("vramcap sidecar: disconnected pid {} (uid {}): {reason}", c.pid, c.uid);
+            logline::log("bad client", &format!("disconnected pid {} (uid {}): {reason}", c.pid, c.uid));
         }
         flush_trace(&mut c);
     }
 
+    /// Drops connections that said nothing in time: no first line within the hello timeout, a
+    /// line left unfinished as long (a client trickling bytes), or nothing at all for the idle
+    /// timeout.
     fn expire(&mut self) {
         let now = Instant::now();
-        let silent: Vec<u64> = self
+        let (hello, idle) = (self.limits.hello_timeout, self.limits.idle_timeout);
+        let late: Vec<(u64, String)> = self
             .conns
             .iter()
-            .filter(|(_, c)| matches!(c.phase, Phase::New) && now.duration_since(c.opened) > self.hello_timeout)
-            .map(|(id, _)| *id)
+            .filter_map(|(id, c)| {
+                let why = match c.phase {
+                    Phase::New if now.duration_since(c.opened) > hello => {
+                        format!("no header or query within {} s", hello.as_secs_f64())
+                    }
+                    Phase::Client if !c.input.is_empty() && now.duration_since(c.last_line) > hello => {
+                        format!("a line left unfinished for more than {} s", hello.as_secs_f64())
+                    }
+                    Phase::Client if now.duration_since(c.last_line) > idle => {
+                        format!("nothing sent for {} s (--idle-timeout)", idle.as_secs_f64())
+                    }
+                    Phase::Query if now.duration_since(c.opened) > idle => {
+                        format!("the answer to its query not read within {} s", idle.as_secs_f64())
+                    }
+                    _ => return None,
+                };
+                Some((*id, why))
+            })
             .collect();
-        for id in silent {
-            let secs = self.hello_timeout.as_secs_f64();
-            self.settle(id, Outcome::Bad(format!("no header or query within {secs} s")));
+        for (id, why) in late {
+            self.settle(id, Outcome::Bad(why));
         }
     }
 }
@@ -325,10 +433,11 @@ impl Server {
 fn open_trace(dir: &std::path::Path, c: &Client, header: &serde_json::Value) -> Option<File> {
     let start = header.get("start_unix_ns").and_then(|v| v.as_u64()).unwrap_or(0) / 1_000_000_000;
     let path = dir.join(format!("{}-{}-{start}.jsonl", safe_name(&c.exe), c.pid));
-    match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+    // Never through a symlink; readable by the sidecar's user and group only (other jobs' data).
+    match std::fs::OpenOptions::new().create(true).append(true).mode(0o640).custom_flags(libc::O_NOFOLLOW).open(&path) {
         Ok(f) => Some(f),
         Err(e) => {
-            eprintln!("vramcap sidecar: cannot write {}: {e}; this client's records are not kept", path.display());
+            logline::log("trace file", &format!("cannot write {}: {e}; this client's records are not kept", path.display()));
             None
         }
     }
@@ -348,7 +457,7 @@ fn flush_trace(c: &mut Conn) {
         && !c.trace_buf.is_empty()
         && f.write_all(&c.trace_buf).is_err()
     {
-        eprintln!("vramcap sidecar: writing the trace of pid {} failed; its file stops here", c.pid);
+        logline::log("trace file", &format!("writing the trace of pid {} failed; its file stops here", c.pid));
         c.trace = None;
     }
     c.trace_buf.clear();

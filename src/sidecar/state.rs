@@ -37,8 +37,12 @@ pub struct Client {
     pub finished: bool,
 }
 
+/// Longest label kept from a client (executable, pod, namespace, container): every string a
+/// client sends is held for as long as it is connected, so each is bounded.
+const MAX_LABEL_CHARS: usize = 256;
+
 fn str_field(v: &Value, k: &str) -> Option<String> {
-    v.get(k).and_then(Value::as_str).map(str::to_string)
+    v.get(k).and_then(Value::as_str).map(|s| s.chars().take(MAX_LABEL_CHARS).collect())
 }
 
 fn u64_field(v: &Value, k: &str) -> Result<u64, String> {
@@ -75,11 +79,13 @@ impl Client {
             reported_pid: h.get("pid").and_then(Value::as_i64).unwrap_or(0),
             start_unix_ns: h.get("start_unix_ns").and_then(Value::as_u64).unwrap_or(0),
             exe: str_field(h, "exe").unwrap_or_else(|| "unknown".into()),
-            cmdline: h
-                .get("cmdline")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
-                .unwrap_or_default(),
+            // Redacted here too: an older or hostile client's secrets are never stored.
+            cmdline: super::privacy::redact(
+                &h.get("cmdline")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect::<Vec<_>>())
+                    .unwrap_or_default(),
+            ),
             namespace: str_field(h, "namespace"),
             pod: str_field(h, "pod"),
             container: str_field(h, "container"),
@@ -90,6 +96,18 @@ impl Client {
             events: 0,
             finished: false,
         };
+        // The name becomes a file name under --group-dir: checked exactly as members check
+        // `VRAMCAP_GROUP`, so it can never name a path elsewhere.
+        if let Some(g) = h.get("group").filter(|g| !g.is_null()) {
+            match g.as_str() {
+                Some(name) if super::group_name::valid(name) => {}
+                Some(name) => {
+                    let shown: String = name.chars().take(80).collect();
+                    return Err(format!("group name {shown:?} is not usable: expected {}", super::group_name::FORM));
+                }
+                None => return Err("`group` is neither a string nor null".into()),
+            }
+        }
         if let Some(devs) = h.get("devices").and_then(Value::as_array) {
             for d in devs {
                 let i = device_index(d, "index")?;
@@ -207,17 +225,40 @@ pub struct Registry {
     /// Keyed by connection id.
     pub clients: BTreeMap<u64, Client>,
     pub bad_clients: u64,
-    /// Every group a client ever reported: swept for dead members even after they left.
+    /// Connections closed at once because the sidecar or the peer's uid was at its limit.
+    pub refused: u64,
+    /// Groups clients reported: swept for dead members after they left, and forgotten once no
+    /// client names them and their ledger has no members left (reclaim.rs).
     pub groups: std::collections::BTreeSet<String>,
 }
 
+/// Who asks a `query` (from the asking connection's peer credentials).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Viewer {
+    /// Root or the sidecar's admin group: every process.
+    All,
+    /// Only the processes of this uid.
+    Uid(u32),
+}
+
 impl Registry {
-    /// The answer to a `query` line.
+    /// The whole state (the admin's view; the fuzz target `sidecar_records` renders it).
+    #[allow(dead_code)]
     pub fn snapshot(&self) -> Value {
+        self.snapshot_for(Viewer::All)
+    }
+
+    /// The answer to a `query` line: only the processes the viewer may see. `bad_clients` is a
+    /// node-wide count and says nothing about anyone's jobs.
+    pub fn snapshot_for(&self, viewer: Viewer) -> Value {
+        let visible = |c: &&Client| match viewer {
+            Viewer::All => true,
+            Viewer::Uid(u) => c.uid == u,
+        };
         json!({
             "type": "state",
             "protocol": crate::sidecar::PROTOCOL,
-            "clients": self.clients.values().map(Client::to_json).collect::<Vec<_>>(),
+            "clients": self.clients.values().filter(visible).map(Client::to_json).collect::<Vec<_>>(),
             "bad_clients": self.bad_clients,
         })
     }
@@ -267,6 +308,35 @@ mod tests {
         c.apply(&line(r#"{"type":"summary","events":9,"dropped":4,"peak":{"0":45},"used":{"0":0}}"#)).unwrap();
         assert!(c.finished);
         assert_eq!((c.devices[&0].used, c.dropped), (0, 4));
+    }
+
+    #[test]
+    fn group_names_are_checked_and_secrets_never_stored() {
+        for bad in ["../../etc/shadow", "a/b", ".x", "", &"g".repeat(65)] {
+            let mut h = header();
+            h["group"] = bad.into();
+            assert!(Client::from_header(1, 1, &h).unwrap_err().contains("not usable"), "{bad}");
+        }
+        let mut h = header();
+        h["group"] = 5.into();
+        assert!(Client::from_header(1, 1, &h).is_err());
+        h["group"] = "team-1".into();
+        h["cmdline"] = serde_json::json!(["python3", "t.py", "--api-key=sk-1", "--token", "t"]);
+        h["exe"] = "e".repeat(100_000).into();
+        let c = Client::from_header(1, 1, &h).unwrap();
+        assert_eq!(c.cmdline, ["python3", "t.py", "--api-key=***", "--token", "***"]);
+        assert_eq!(c.exe.len(), MAX_LABEL_CHARS);
+    }
+
+    #[test]
+    fn a_viewer_sees_only_its_own_uid() {
+        let mut r = Registry::default();
+        r.clients.insert(1, Client::from_header(10, 1000, &header()).unwrap());
+        r.clients.insert(2, Client::from_header(20, 2000, &header()).unwrap());
+        let pids = |v: Value| v["clients"].as_array().unwrap().iter().map(|c| c["pid"].as_i64().unwrap()).collect::<Vec<_>>();
+        assert_eq!(pids(r.snapshot_for(Viewer::Uid(2000))), [20]);
+        assert_eq!(pids(r.snapshot_for(Viewer::Uid(3000))), Vec::<i64>::new());
+        assert_eq!(pids(r.snapshot_for(Viewer::All)), [10, 20]);
     }
 
     #[test]

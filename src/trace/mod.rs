@@ -7,6 +7,7 @@
 //! `VRAMCAP_SIDECAR=PATH` makes the same writer stream the lines to the node's sidecar
 //! ([`sidecar`]); either consumer alone starts it.
 
+mod create;
 pub mod format;
 pub mod sidecar;
 mod writer;
@@ -15,7 +16,6 @@ use crate::config;
 use crate::events;
 use crate::ledger;
 use format::{DeviceLine, Header, Summary};
-use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -89,21 +89,22 @@ fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
     block_all_signals();
     let origin = ORIGIN_MONO_NS.load(Ordering::Relaxed);
     let mut fd = -1;
-    if let Some((_, path)) = &mut file
-        && live_owner(path).is_some()
-    {
-        // A process started by `exec` from a forked child (a launcher, a spawned worker) finds
-        // the parent's file: truncating it lost the parent's trace (found by tests/faults.rs).
-        *path = format!("{path}.{}", unsafe { libc::getpid() });
-    }
-    if let Some((template, path)) = &file {
-        fd = open(path);
-        if fd < 0 {
-            let err = std::io::Error::last_os_error();
-            let off = if socket.is_some() { "the trace file is off (the sidecar still gets events)" } else { "tracing is off" };
-            crate::log::write_line(&format!(
-                "vramcap: cannot write the trace VRAMCAP_TRACE={template} ({path}): {err}; {off}, the cap still applies"
-            ));
+    if let Some((template, path)) = &mut file {
+        // create.rs: exclusive creation, no foreign symlink followed, no foreign file emptied.
+        match create::open_trace(path, unsafe { libc::getpid() }) {
+            Ok(opened) => {
+                if let Some(why) = &opened.moved {
+                    crate::log::write_line(&format!("vramcap: trace {why}; this process writes {}", opened.path));
+                }
+                fd = opened.fd;
+                *path = opened.path;
+            }
+            Err((failed, err)) => {
+                let off = if socket.is_some() { "the trace file is off (the sidecar still gets events)" } else { "tracing is off" };
+                crate::log::write_line(&format!(
+                    "vramcap: cannot write the trace VRAMCAP_TRACE={template} ({failed}): {err}; {off}, the cap still applies"
+                ));
+            }
         }
     }
     let sidecar = socket.map(|s| sidecar::Sidecar::new(s, hello_line(), origin));
@@ -123,34 +124,6 @@ fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
     w.summary(&summary());
     w.close();
     DONE.store(true, Ordering::Release);
-}
-
-/// The pid in the header of an existing trace at `path`, if that process is alive and not us.
-/// A stale file of a finished run (or our own, from before `exec`) is overwritten as before.
-fn live_owner(path: &str) -> Option<i32> {
-    use std::io::{BufRead, Read};
-    // Only a regular file can hold a previous trace. Opening a FIFO or a terminal
-    // (`VRAMCAP_TRACE=/dev/stdout`) to read its first line would block the writer for good.
-    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
-        return None;
-    }
-    let f = std::fs::File::open(path).ok()?;
-    let mut first = String::new();
-    std::io::BufReader::new(f.take(4096)).read_line(&mut first).ok()?;
-    let digits = first.split_once("\"pid\":")?.1;
-    let end = digits.find(|c: char| !c.is_ascii_digit()).unwrap_or(digits.len());
-    let pid: i32 = digits[..end].parse().ok()?;
-    let me = unsafe { libc::getpid() };
-    let alive = pid > 0
-        && (unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM));
-    (pid != me && alive).then_some(pid)
-}
-
-fn open(path: &str) -> i32 {
-    let Ok(c) = CString::new(path) else { return -1 };
-    // No O_TRUNC: truncating a large previous trace can take long; the I/O thread does it while
-    // the writer already drains (writer.rs).
-    unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC, 0o644) }
 }
 
 fn block_all_signals() {
@@ -201,6 +174,16 @@ fn hello_line() -> Vec<u8> {
     let mut v = serde_json::to_value(header()).unwrap_or_default();
     if let Some(obj) = v.as_object_mut() {
         obj.insert("protocol".into(), sidecar::PROTOCOL.into());
+        // The sidecar is shared by the node: the command line (which may carry secrets) goes
+        // only when asked for, and redacted (docs/security.md).
+        let cmdline = match obj.get("cmdline").and_then(|c| c.as_array()) {
+            Some(args) if config::privacy::cmdline_wanted(std::env::var("VRAMCAP_SIDECAR_CMDLINE").ok().as_deref()) => {
+                let args: Vec<String> = args.iter().filter_map(|a| a.as_str().map(str::to_string)).collect();
+                config::privacy::redact(&args)
+            }
+            _ => Vec::new(),
+        };
+        obj.insert("cmdline".into(), cmdline.into());
         for (field, var) in [("namespace", "POD_NAMESPACE"), ("pod", "POD_NAME"), ("container", "CONTAINER_NAME")] {
             if let Some(val) = std::env::var(var).ok().filter(|s| !s.is_empty()) {
                 obj.insert(field.into(), val.into());

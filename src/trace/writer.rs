@@ -320,6 +320,9 @@ fn fresh_file(fd: i32, path: &str) -> i32 {
             if new >= 0 {
                 unsafe { libc::fchmod(new, st.st_mode & 0o7777) };
                 if unsafe { libc::rename(c_tmp.as_ptr(), c_path.as_ptr()) } == 0 {
+                    // The new file is in use like the old one (create.rs: processes starting now
+                    // must not take it over).
+                    unsafe { libc::flock(new, libc::LOCK_EX | libc::LOCK_NB) };
                     let old = fd;
                     let closer = std::thread::Builder::new().name("vramcap-unlink".into()).stack_size(64 * 1024);
                     // Freeing a large file's pages is CPU work: at the lowest priority it never

@@ -175,6 +175,16 @@ int client_lifecycle_op(const char *op, int *i, int argc, char **argv)
         op_rate(eps, secs, client_parse_size(NEXT()));
     } else if (!strcmp(op, "fork")) {
         op_fork();
+    } else if (!strcmp(op, "waitfile")) {
+        /* A start line for processes that must act at the same moment (tests race them):
+         * poll every 50 us until the path exists, at most 30 s. */
+        const char *path = NEXT();
+        int n = 0;
+        while (path && access(path, F_OK) != 0 && n++ < 600000) {
+            struct timespec ts = { 0, 50000 };
+            nanosleep(&ts, NULL);
+        }
+        client_printf("waitfile ok=%d", path && access(path, F_OK) == 0);
     } else if (!strcmp(op, "exitthread")) {
         pthread_t t;
         pthread_create(&t, NULL, exit_worker, NULL);
