@@ -3,11 +3,14 @@
 //! The allocating threads only append records to their own buffers ([`crate::events`]); one
 //! writer thread per process formats and writes them. Lifecycle: the first event starts the writer; `exit()` from any thread
 //! drains the queue and writes the summary (an `atexit` handler waits for the writer, bounded);
+//! a program whose main thread ended with `pthread_exit` is ended by the writer once only our
+//! threads are left ([`lifetime`]), as glibc would end it;
 //! a forked child starts its own writer on its own file; `exec` starts fresh from the environment.
 //! `VRAMCAP_SIDECAR=PATH` makes the same writer stream the lines to the node's sidecar
 //! ([`sidecar`]); either consumer alone starts it.
 
 pub mod format;
+mod lifetime;
 pub mod sidecar;
 mod writer;
 
@@ -119,10 +122,26 @@ fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
         w.line(&header());
         w.flush();
     }
-    w.run(|| SHUTDOWN.load(Ordering::Acquire));
+    // Stops at `exit()` (SHUTDOWN), or when the program's own threads have all ended after its
+    // main thread called pthread_exit (lifetime.rs): then nobody else will ever call exit().
+    let last_check = std::cell::Cell::new(Instant::now());
+    let orphaned = std::cell::Cell::new(false);
+    w.run(|| {
+        if SHUTDOWN.load(Ordering::Acquire) {
+            return true;
+        }
+        if last_check.get().elapsed() >= lifetime::CHECK_EVERY {
+            last_check.set(Instant::now());
+            orphaned.set(lifetime::only_ours_left());
+        }
+        orphaned.get()
+    });
     w.summary(&summary());
     w.close();
     DONE.store(true, Ordering::Release);
+    if orphaned.get() && !SHUTDOWN.load(Ordering::Acquire) {
+        lifetime::exit_as_last_thread();
+    }
 }
 
 /// The pid in the header of an existing trace at `path`, if that process is alive and not us.
