@@ -1,9 +1,9 @@
 //! Configuration from the environment, read once per process (and again after `exec`).
 //! Every variable is documented in docs/configuration.md.
 
-pub mod group;
-pub mod limits;
-pub mod size;
+// The grammar lives in src/grammar/ (shared with the `vramcap` binary); `config::limits` etc. stay
+// the names the library uses.
+pub use crate::grammar::{group, limits, size};
 
 pub use group::GroupConfig;
 
