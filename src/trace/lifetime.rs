@@ -8,7 +8,62 @@
 //! left is one of ours, it finishes the trace (summary included) and ends the process as glibc
 //! would have, with status 0 (or by a signal that arrived meanwhile).
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// 1 once the process exits (`exit()` from any thread): the writer drains, writes the summary and
+/// finishes. A futex word, so the `atexit` handler wakes the writer at once instead of waiting
+/// out its idle sleep (up to 4 ms, and 10 ms of clock calibration in a short process).
+static EXITING: AtomicU32 = AtomicU32::new(0);
+/// 1 once the writer has finished (file closed): the `atexit` handler waits on it.
+static DONE: AtomicU32 = AtomicU32::new(0);
+
+fn futex_wait(word: &AtomicU32, expected: u32, d: Duration) {
+    let ts = libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long };
+    // EINTR, EAGAIN (the word changed) and ETIMEDOUT all mean "look again".
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, expected, &ts as *const libc::timespec);
+    }
+}
+
+fn futex_wake(word: &AtomicU32) {
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX) };
+}
+
+pub fn exiting() -> bool {
+    EXITING.load(Ordering::Acquire) != 0
+}
+
+/// The writer's sleeps: up to `d`, cut short when the process starts exiting. False if it is.
+pub fn idle(d: Duration) -> bool {
+    futex_wait(&EXITING, 0, d);
+    !exiting()
+}
+
+/// Called by the writer when the trace is finished and closed.
+pub fn writer_done() {
+    DONE.store(1, Ordering::Release);
+    futex_wake(&DONE);
+}
+
+/// `exit()`: wakes the writer and waits until it is done, at most until `deadline`.
+pub fn exit_and_wait(deadline: Instant) {
+    EXITING.store(1, Ordering::Release);
+    futex_wake(&EXITING);
+    while DONE.load(Ordering::Acquire) == 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        futex_wait(&DONE, 0, left);
+    }
+}
+
+/// A forked child starts with no writer and is not exiting.
+pub fn reset_after_fork() {
+    EXITING.store(0, Ordering::Relaxed);
+    DONE.store(0, Ordering::Relaxed);
+}
 
 /// How often the writer looks. Only a process whose main thread has ended pays more than one
 /// small `/proc` read per look; a 20 ms delay at the end of such a process goes unnoticed.
