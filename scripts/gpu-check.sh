@@ -18,7 +18,8 @@ usage: scripts/gpu-check.sh [options] [-- run.py options]
   --no-tf          skip TensorFlow (no install, SKIP row)
   --no-build       use target/release/libvramcap.so and target/release/vramcap as they are
   --python PATH    interpreter: the venv's base, or with --no-install the one that has torch
-  --out DIR        where gpu-check-results.md and gpu-check-run/ (logs, traces) go (default: repo root)
+  --out DIR        where gpu-check-results.md and gpu-check-run/ (logs, traces) go (default: repo
+                   root; with --self-test target/gpu-check-selftest, so CI leaves no file behind)
   --steps N        training steps per PyTorch check (default 300)
   --limit SIZE     the cap (default 4GiB)
   --deadline S     seconds for all checks after set-up (default 480)
@@ -33,7 +34,7 @@ EOF
 die() { echo "gpu-check: $*" >&2; exit 2; }
 num() { [[ $2 =~ ^[0-9]+$ ]] || die "$1 expects a whole number, got '$2'"; }
 
-INSTALL=1 TF=1 BUILD=1 DRY=0 SELF=0 PY=python3 OUT=$ROOT STEPS= LIMIT= DEADLINE=480 EXTRA=()
+INSTALL=1 TF=1 BUILD=1 DRY=0 SELF=0 PY=python3 OUT= STEPS= LIMIT= DEADLINE=480 EXTRA=()
 LIB=$ROOT/target/release/libvramcap.so BIN=$ROOT/target/release/vramcap
 while [ $# -gt 0 ]; do
   case $1 in
@@ -56,6 +57,10 @@ while [ $# -gt 0 ]; do
   shift
 done
 
+# A real check's table belongs next to the checkout; a self-test's (CI) is a build product.
+if [ -z "$OUT" ]; then
+  if [ $SELF = 1 ]; then OUT=$ROOT/target/gpu-check-selftest; else OUT=$ROOT; fi
+fi
 mkdir -p "$OUT" || die "cannot create --out directory '$OUT'"
 OUT=$(cd "$OUT" && pwd)
 RUN=$OUT/gpu-check-run

@@ -77,14 +77,19 @@ pub struct Calibration {
 }
 
 impl Calibration {
-    /// Needs ~10 ms between `init()` and the first conversion for a usable rate; waits if less.
-    pub fn new() -> Calibration {
+    /// Needs ~10 ms between `init()` and the first conversion for a usable rate; waits if less,
+    /// through `sleep`, which returns false to stop waiting: a process that exits sooner is not
+    /// held up (its events all lie within the measured span, converted from an anchor taken at
+    /// the end of it, so a short span costs them no accuracy; only extrapolating needs the 10 ms).
+    pub fn new(sleep: &dyn Fn(std::time::Duration) -> bool) -> Calibration {
         let counter = USE_COUNTER.load(Ordering::Relaxed);
         let (bt, bn) = (REF_TICKS.load(Ordering::Relaxed), REF_NS.load(Ordering::Relaxed));
         let mut c = Calibration { counter, base_ticks: bt, base_ns: bn, anchor_ticks: bt, anchor_ns: bn, ns_per_tick: 1.0 };
         if counter {
             while monotonic_ns().saturating_sub(bn) < 10_000_000 {
-                std::thread::sleep(std::time::Duration::from_millis(2));
+                if !sleep(std::time::Duration::from_millis(2)) {
+                    break;
+                }
             }
             c.refresh();
         }
@@ -126,7 +131,10 @@ mod tests {
     #[test]
     fn converted_ticks_track_the_monotonic_clock() {
         init();
-        let c = Calibration::new();
+        let c = Calibration::new(&|d| {
+            std::thread::sleep(d);
+            true
+        });
         let t = ticks();
         let n = monotonic_ns();
         let converted = c.to_ns(t);

@@ -6,13 +6,15 @@
 //! - [`intercept`]: the wrappers (cuInit, allocation, memory views, cuGetProcAddress).
 //! - [`ledger`]: per-device budgets and the live-allocation table.
 //! - [`group`]: budgets shared by several processes (container caps) in a mapped file.
-//! - [`config`]: environment parsing (limits, size grammar, switches).
+//! - [`config`]: environment parsing (switches; limits through [`grammar`], the limit grammar
+//!   the `vramcap` binary shares).
 
 pub mod clock;
 pub mod config;
 pub mod dl;
 pub mod events;
 pub mod ffi;
+pub mod grammar;
 pub mod group;
 pub mod hooks;
 pub mod intercept;

@@ -1,13 +1,15 @@
 //! The `vramcap` command line. It never links the preload library's hooks: it shares only the
-//! pure modules (size grammar, limit parsing) by path; the offline analysis lives in `analysis`.
-
-#[allow(dead_code)]
-#[path = "config/size.rs"]
-mod size;
+//! pure limit grammar (src/grammar/, declared by both crate roots); the offline analysis lives in
+//! `analysis`.
 
 mod analysis;
 mod cli;
+// Parts of the grammar only the library uses (fork-time checks, group adoption) are dead here.
+#[allow(dead_code)]
+mod grammar;
 mod sidecar;
+
+use grammar::size;
 
 use analysis::merge::parse_duration;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -32,8 +34,11 @@ enum Format {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Parse a size the way VRAMCAP_LIMIT does and print it in bytes.
-    Size { spec: String },
+    /// Parse a limit the way VRAMCAP_LIMIT does and print it in bytes (one line per device entry).
+    Size {
+        /// A size (8GiB, 50%, 0 = no limit) or a per-device list (0=8GiB,1=4GiB, GPU-8932f937=2g).
+        spec: String,
+    },
     /// Collect live events from every preloaded process on the node (VRAMCAP_SIDECAR=PATH) and
     /// serve Prometheus metrics. Protocol: docs/sidecar-protocol.md.
     Sidecar {
@@ -78,6 +83,8 @@ enum Cmd {
     },
     /// Peak, leaks, denials, failures, size and lifetime distributions per process and device.
     Report {
+        /// Trace files (VRAMCAP_TRACE output); several are merged on the wall clock, and one that
+        /// cannot be read is skipped with a line on stderr.
         #[arg(required = true)]
         traces: Vec<PathBuf>,
         /// Machine-readable output.
@@ -86,37 +93,46 @@ enum Cmd {
     },
     /// Draw usage over time (SVG): per device, processes stacked, the cap as a line, denials marked.
     Plot {
+        /// Trace files (VRAMCAP_TRACE output), merged on the wall clock.
         #[arg(required = true)]
         traces: Vec<PathBuf>,
+        /// The SVG file to write.
         #[arg(short, long, default_value = "usage.svg")]
         output: PathBuf,
     },
     /// Convert traces for other viewers and tools.
     Export {
+        /// The output format.
         #[arg(long, value_enum)]
         format: Format,
+        /// Trace files (VRAMCAP_TRACE output), merged on the wall clock.
         #[arg(required = true)]
         traces: Vec<PathBuf>,
+        /// The file to write.
         #[arg(short, long)]
         output: PathBuf,
-        /// Start of the window, from the earliest trace start (30s, 1.5s, 250ms, …).
+        /// Start of the window, from the earliest trace start (30s, 1.5s, 250ms, …; at most 10
+        /// years). Past the traces' last event it is an error: nothing would be exported.
         #[arg(long, value_parser = parse_duration)]
         from: Option<u64>,
-        /// End of the window, from the earliest trace start.
+        /// End of the window, from the earliest trace start (same units).
         #[arg(long, value_parser = parse_duration)]
         to: Option<u64>,
     },
     /// Replay traces together against a device of a given size: do they fit, and what would?
     Replay {
-        /// The device size to test (VRAMCAP_LIMIT grammar: 80GiB, 50%, …).
+        /// The device size to test, in VRAMCAP_LIMIT's grammar: 80GiB, 50%, or per device
+        /// 0=80GiB,1=40GiB (ordinal keys; devices not named are uncapped).
         #[arg(long)]
         limit: String,
+        /// Trace files (VRAMCAP_TRACE output), one per process to place on the device.
         #[arg(required = true)]
         traces: Vec<PathBuf>,
         /// Start offsets: one per trace (`0,30s,90s`), or one value for "each next trace starts
-        /// this much later". Default: all start together.
+        /// this much later". Default: all start together. At most 10 years each.
         #[arg(long, value_delimiter = ',', value_parser = parse_duration)]
         stagger: Vec<u64>,
+        /// Machine-readable output.
         #[arg(long)]
         json: bool,
     },
@@ -129,21 +145,28 @@ enum Cmd {
     /// Write a synthetic trace (benchmarks, tests).
     #[command(hide = true)]
     GenTrace {
+        /// Events to write.
         #[arg(long, default_value_t = 1_000_000)]
         events: u64,
+        /// The trace file to write.
         #[arg(short, long)]
         output: PathBuf,
+        /// Seed of the pseudo-random workload (same seed, same trace).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// The pid the header claims.
         #[arg(long, default_value_t = 4242)]
         pid: u64,
+        /// Devices the workload spreads over.
         #[arg(long, default_value_t = 1)]
         devices: u32,
         /// Per-device cap in bytes (0: none).
         #[arg(long, default_value_t = 64 << 30)]
         limit: u64,
+        /// Per-device physical memory in bytes, as the header claims.
         #[arg(long, default_value_t = 80 << 30)]
         total: u64,
+        /// The trace's start time (Unix ns) in the header.
         #[arg(long, default_value_t = 1_764_441_600_000_000_000)]
         start_unix_ns: u64,
     },
@@ -154,15 +177,34 @@ fn fail(msg: String) -> ! {
     std::process::exit(2);
 }
 
+/// `vramcap size SPEC`: exactly the VRAMCAP_LIMIT grammar (the library's parser).
+fn print_size(spec: &str) -> Result<(), String> {
+    use grammar::limits::{DeviceKey, parse_list};
+    use size::Size;
+    let entries =
+        parse_list("VRAMCAP_LIMIT", spec).map_err(|e| format!("invalid size {spec:?}: {}; expected {}", e.reason, e.expected))?;
+    let show = |s: Size| match s {
+        Size::Unlimited => "0 (no limit)".to_string(),
+        Size::Bytes(b) => b.to_string(),
+        Size::Percent(p) => format!("{p}% of the device"),
+    };
+    for e in &entries {
+        match &e.key {
+            None => println!("{}", show(e.size)),
+            Some(DeviceKey::Ordinal(i)) => println!("device {i}: {}", show(e.size)),
+            Some(DeviceKey::Uuid(u)) => println!("GPU-{}: {}", &u[4..], show(e.size)),
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Sidecar { .. } | Cmd::Top { .. } | Cmd::Run(_)) {
+        cli::die_on_broken_pipe();
+    }
     let result = match cli.cmd {
-        Cmd::Size { spec } => match size::parse_size(&spec) {
-            Ok(size::Size::Unlimited) => Ok(println!("0 (no limit)")),
-            Ok(size::Size::Bytes(b)) => Ok(println!("{b}")),
-            Ok(size::Size::Percent(p)) => Ok(println!("{p}% of the device")),
-            Err(e) => Err(format!("invalid size {spec:?}: {e}; expected {}", size::SIZE_FORM)),
-        },
+        Cmd::Size { spec } => print_size(&spec),
         Cmd::Sidecar { socket, metrics, trace_dir, hello_timeout, group_dir, reclaim_every, idle_timeout, max_connections_per_uid, admin_group } => {
             if !(hello_timeout.is_finite() && hello_timeout > 0.0 && hello_timeout < 1e6) {
                 fail(format!("invalid --hello-timeout {hello_timeout}: expected seconds, greater than 0"));

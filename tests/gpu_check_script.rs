@@ -145,3 +145,18 @@ fn self_test_without_a_working_preload_fails_and_still_writes_the_table() {
     }
     assert!(results.contains("overall FAIL"), "{results}");
 }
+
+#[test]
+fn self_test_without_out_leaves_nothing_in_the_repository_root() {
+    build_c();
+    let in_root = root().join("gpu-check-results.md");
+    let before = std::fs::metadata(&in_root).and_then(|m| m.modified()).ok();
+    let started = std::time::SystemTime::now();
+    let o = script(&["--self-test", "--lib", preload_lib().to_str().unwrap(), "--bin", env!("CARGO_BIN_EXE_vramcap")]);
+    let after = std::fs::metadata(&in_root).and_then(|m| m.modified()).ok();
+    assert_eq!(after, before, "the self-test wrote {}; output:\n{}", in_root.display(), text(&o));
+    let results = root().join("target/gpu-check-selftest/gpu-check-results.md");
+    let written = std::fs::metadata(&results).and_then(|m| m.modified()).unwrap_or_else(|e| panic!("{}: {e}\n{}", results.display(), text(&o)));
+    assert!(written >= started, "{} is not this run's", results.display());
+    assert!(text(&o).contains("target/gpu-check-selftest/gpu-check-results.md"), "{}", text(&o));
+}

@@ -162,6 +162,8 @@ fn invalid_configuration_fails_closed_with_a_clear_message() {
         ("VRAMCAP_LIMIT", "abc", "VRAMCAP_LIMIT=\"abc\""),
         ("VRAMCAP_LIMIT", "1.5x", "VRAMCAP_LIMIT=\"1.5x\""),
         ("VRAMCAP_LIMIT", "-1", "negative"),
+        // A bare number below 1 MiB is a missing unit, not a cap that denies everything.
+        ("VRAMCAP_LIMIT", "8", "`8` has no unit"),
         ("VRAMCAP_LIMIT", "0=1g,7=1g", "device 7 does not exist"),
         ("VRAMCAP_LIMIT", "GPU-ffff=1g", "no visible GPU"),
         ("VRAMCAP_LIMIT_9", "1g", "device 9 does not exist"),

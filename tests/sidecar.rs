@@ -529,12 +529,21 @@ fn top_live_retries_then_follows_processes() {
         .arg(&socket)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let screens = Arc::new(Mutex::new(Vec::<String>::new()));
     let sink = screens.clone();
     let mut stdout = top.stdout.take().unwrap();
+    // Into a pipe, "no sidecar yet" goes to stderr, one line per attempt (issue 16 §4).
+    let complaints = Arc::new(Mutex::new(String::new()));
+    let log = complaints.clone();
+    let stderr = top.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            log.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
     std::thread::spawn(move || {
         let mut buf = [0u8; 4096];
         let mut text = String::new();
@@ -543,14 +552,15 @@ fn top_live_retries_then_follows_processes() {
                 break;
             }
             text.push_str(&String::from_utf8_lossy(&buf[..n]));
-            // Each redraw starts with "cursor home".
-            let parts: Vec<&str> = text.split("\x1b[H").collect();
+            // Into a pipe: plain snapshots, each starting with its title line, no screen control.
+            assert!(!text.contains('\x1b'), "screen-control codes into a pipe: {text:?}");
+            let parts: Vec<&str> = text.split("vramcap top:").collect();
             let mut s = sink.lock().unwrap();
-            *s = parts.iter().filter(|p| !p.is_empty()).map(|p| p.to_string()).collect();
+            *s = parts.iter().filter(|p| !p.is_empty()).map(|p| format!("vramcap top:{p}")).collect();
         }
     });
     let last = || screens.lock().unwrap().last().cloned().unwrap_or_default();
-    wait_until("top to say there is no sidecar yet", Duration::from_secs(10), || last().contains("retrying every second"));
+    wait_until("top to say there is no sidecar yet", Duration::from_secs(10), || complaints.lock().unwrap().contains("(attempt 1 of 10)"));
 
     let sc = Sidecar::start(&socket, &[]);
     let c = Client::spawn("client_linked", &sc.socket, &[("VRAMCAP_LIMIT", "0=1g")], "init ctx 0 alloc 256m sleep 3000");

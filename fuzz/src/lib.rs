@@ -6,6 +6,10 @@
 #[path = "../../src/config/mod.rs"]
 pub mod config;
 
+/// The limit grammar `config` re-exports (src/grammar/, shared by the library and the CLI).
+#[path = "../../src/grammar/mod.rs"]
+pub mod grammar;
+
 /// The CLI's name for the size grammar (`crate::size` in src/analysis).
 pub use config::size;
 

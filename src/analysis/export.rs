@@ -22,6 +22,23 @@ impl Window {
     }
 }
 
+/// `--from` after the traces' last event: nothing can be exported. An empty file with status 0
+/// looked like success, so this is an error (exit status 2) saying where the traces end, and the
+/// empty output is removed. A window inside the traces that merely holds no event is not an error.
+pub(super) fn past_the_end(out: &Path, w: Window, last_t: Option<u64>, exported: bool) -> Result<(), String> {
+    match last_t {
+        Some(end) if !exported && w.from > end => {
+            let _ = std::fs::remove_file(out);
+            Err(format!(
+                "--from {:.3}s is past the end of the traces (their last event is at {:.3}s after the earliest start); nothing exported",
+                w.from as f64 / 1e9,
+                end as f64 / 1e9
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Browsers (Perfetto UI, chrome://tracing) struggle to load JSON traces beyond this.
 pub const CHROME_WARN_BYTES: u64 = 200 << 20;
 
@@ -62,10 +79,12 @@ pub fn chrome(paths: &[PathBuf], out: &Path, w: Window) -> Result<(), String> {
     let mut used: Vec<Vec<(i32, u64)>> = vec![Vec::new(); m.readers.len()];
     let mut started = false;
     let (mut first_t, mut last_t, mut counters) = (None, 0u64, 0u64);
+    let mut end_t = None;
     while let Some((i, e, t)) = m.next() {
         if t > w.to {
             break;
         }
+        end_t = Some(t);
         let slot = match used[i].iter().position(|(d, _)| *d == e.dev) {
             Some(k) => k,
             None => {
@@ -111,6 +130,8 @@ pub fn chrome(paths: &[PathBuf], out: &Path, w: Window) -> Result<(), String> {
     f.write_all(b"{\"name\":\"vramcap\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{}}\n]}\n").map_err(io)?;
     f.flush().map_err(io)?;
     m.warn_input();
+    drop(f);
+    past_the_end(out, w, end_t, first_t.is_some())?;
     eprintln!("vramcap: wrote {} ({counters} counter events, {})", out.display(), human(bytes));
     if bytes > CHROME_WARN_BYTES {
         let start = first_t.unwrap_or(0);
@@ -142,10 +163,12 @@ pub fn csv(paths: &[PathBuf], out: &Path, w: Window) -> Result<(), String> {
     writeln!(f, "pid,host,seq,t_ns,unix_ns,tid,op,api,dev,ptr,size,result,dur_ns,used").map_err(io)?;
     let hosts: Vec<String> = m.readers.iter().map(|r| csv_field(&r.header.host)).collect();
     let mut rows = 0u64;
+    let mut end_t = None;
     while let Some((i, e, t)) = m.next() {
         if t > w.to {
             break;
         }
+        end_t = Some(t);
         if t < w.from {
             continue;
         }
@@ -174,6 +197,8 @@ pub fn csv(paths: &[PathBuf], out: &Path, w: Window) -> Result<(), String> {
     m.finish_progress();
     f.flush().map_err(io)?;
     m.warn_input();
+    drop(f);
+    past_the_end(out, w, end_t, rows > 0)?;
     eprintln!("vramcap: wrote {} ({rows} rows)", out.display());
     Ok(())
 }

@@ -82,11 +82,14 @@ pub fn export(paths: &[PathBuf], out: &Path, w: Window) -> Result<(), String> {
     let single = m.readers.len() == 1;
     let mut slots: Vec<Slot> = Vec::new();
     let io_err = |e: io::Error| format!("{}: write error: {e}", out.display());
+    let (mut end_t, mut exported) = (None, false);
     let r = (|| -> Result<(), String> {
         while let Some((i, e, t)) = m.next() {
             if t > w.to {
                 break;
             }
+            end_t = Some(t);
+            exported |= t >= w.from;
             if e.dev < 0 {
                 continue;
             }
@@ -144,7 +147,7 @@ pub fn export(paths: &[PathBuf], out: &Path, w: Window) -> Result<(), String> {
     }
     r?;
     m.warn_input();
-    Ok(())
+    super::export::past_the_end(out, w, end_t, exported)
 }
 
 /// Device ordinals above this are not real GPUs of one process.

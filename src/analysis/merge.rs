@@ -33,6 +33,28 @@ pub struct Merged {
 const PROGRESS_MIN_BYTES: u64 = 32 << 20;
 
 impl Merged {
+    /// Like [`Merged::open`], but with several files one that cannot be used (missing, unreadable,
+    /// no header) is left out with one line on stderr instead of ending the command: a report
+    /// over `traces/*.jsonl` still describes the rest. Only when none is usable is it an error.
+    /// (`replay` keeps [`Merged::open`]: a verdict without one of the jobs would be wrong.)
+    pub fn open_usable(paths: &[PathBuf], align: Align) -> Result<Merged, String> {
+        if paths.len() < 2 {
+            return Merged::open(paths, align);
+        }
+        let (mut names, mut skips) = (Names::default(), Skips::default());
+        let mut usable = Vec::new();
+        for p in paths {
+            match TraceReader::open(p, &mut names, &mut skips) {
+                Ok(_) => usable.push(p.clone()),
+                Err(e) => eprintln!("vramcap: skipping {e}"),
+            }
+        }
+        if usable.is_empty() {
+            return Err(format!("none of the {} trace files is usable (each is named above)", paths.len()));
+        }
+        Merged::open(&usable, align)
+    }
+
     pub fn open(paths: &[PathBuf], align: Align) -> Result<Merged, String> {
         if paths.is_empty() {
             return Err("no trace files given".into());
@@ -122,6 +144,10 @@ impl Merged {
 }
 
 /// `30s`, `1.5s`, `250ms`, `100us`, `10ns`, `2m`, `1h`, or a bare number of seconds → ns.
+/// The longest offset or window bound a command takes (`--from`, `--to`, `--stagger`): ten years.
+/// Anything longer is a typo, not a trace; it used to be clamped to the 584-year end of the clock.
+pub const MAX_DURATION_NS: u64 = 10 * 365 * 24 * 3600 * 1_000_000_000;
+
 pub fn parse_duration(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let end = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
@@ -136,7 +162,11 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
         "h" => 3600e9,
         u => return Err(format!("invalid duration {s:?}: unknown unit {u:?} (use ns, us, ms, s, m, h)")),
     };
-    Ok((v * scale) as u64)
+    let ns = v * scale;
+    if !ns.is_finite() || ns > MAX_DURATION_NS as f64 {
+        return Err(format!("invalid duration {s:?}: more than 10 years; expected an offset within a trace's span"));
+    }
+    Ok(ns as u64)
 }
 
 #[cfg(test)]
@@ -148,5 +178,10 @@ mod tests {
         assert_eq!(super::parse_duration("2"), Ok(2_000_000_000));
         assert_eq!(super::parse_duration("1h"), Ok(3_600_000_000_000));
         assert!(super::parse_duration("5 parsecs").is_err());
+        // Huge values are errors, not clamped to the end of the clock.
+        for huge in ["584y", "99999999999999999999", "1e300", "87601h", "18446744073709551615ns"] {
+            assert!(super::parse_duration(huge).is_err(), "{huge}");
+        }
+        assert_eq!(super::parse_duration("87600h"), Ok(super::MAX_DURATION_NS));
     }
 }

@@ -8,10 +8,11 @@
 //! `min_limit` describe the recorded workload, `denials` counts allocations that would have
 //! crossed the limit.
 
-use super::merge::{Align, Merged};
+use super::merge::{Align, MAX_DURATION_NS, Merged};
 use super::stats::{Combined, next_used};
 use super::trace::Op;
-use crate::size::{self, Size, human};
+use crate::grammar::limits::{DeviceKey, Entry, parse_list};
+use crate::size::{Size, human};
 use serde_json::{Map, Value, json};
 use std::path::PathBuf;
 
@@ -24,10 +25,22 @@ struct Dev {
 }
 
 pub fn run(spec: &str, paths: &[PathBuf], stagger: &[u64], json_out: bool) -> Result<(), String> {
-    let limit = size::parse_size(spec).map_err(|e| format!("--limit {spec:?}: {e}; expected {}", size::SIZE_FORM))?;
+    // VRAMCAP_LIMIT's grammar, by the library's own parser: one size, or a per-device list.
+    let limit = parse_list("--limit", spec).map_err(|e| format!("--limit {spec:?}: {}; expected {}", e.reason, e.expected))?;
+    if let Some(e) = limit.iter().find(|e| matches!(e.key, Some(DeviceKey::Uuid(_)))) {
+        return Err(format!(
+            "--limit {spec:?}: `{}` names a GPU by UUID, and traces record devices by CUDA ordinal only; \
+             expected ordinals (0=80GiB,1=40GiB)",
+            e.text
+        ));
+    }
     let offsets: Vec<u64> = match stagger.len() {
         0 => vec![0; paths.len()],
-        1 if paths.len() > 1 => (0..paths.len() as u64).map(|i| i * stagger[0]).collect(),
+        // Checked: a step times the trace count must not wrap around (it did, silently).
+        1 if paths.len() > 1 => (0..paths.len() as u64)
+            .map(|i| i.checked_mul(stagger[0]).filter(|&o| o <= MAX_DURATION_NS))
+            .collect::<Option<Vec<u64>>>()
+            .ok_or_else(|| format!("--stagger step {} ns times {} traces is more than 10 years", stagger[0], paths.len() - 1))?,
         n if n == paths.len() => stagger.to_vec(),
         n => return Err(format!("--stagger has {n} offsets for {} traces: give one per trace, or one step", paths.len())),
     };
@@ -49,7 +62,7 @@ pub fn run(spec: &str, paths: &[PathBuf], stagger: &[u64], json_out: bool) -> Re
         let k = match devs.iter().position(|d| d.index == e.dev) {
             Some(k) => k,
             None => {
-                let limit = device_limit(&m, limit, e.dev)?;
+                let limit = device_limit(&m, &limit, e.dev)?;
                 devs.push(Dev { index: e.dev, limit, usage: Combined { index: e.dev, ..Default::default() }, used: vec![0; m.readers.len()] });
                 devs.len() - 1
             }
@@ -117,8 +130,15 @@ pub fn run(spec: &str, paths: &[PathBuf], stagger: &[u64], json_out: bool) -> Re
     Ok(())
 }
 
-/// The limit in bytes for device `dev`; a percentage needs the device's total from a header.
-fn device_limit(m: &Merged, limit: Size, dev: i32) -> Result<u64, String> {
+/// The limit in bytes for device `dev` (0: none): the last entry naming it or every device, as
+/// the library applies a list. A percentage needs the device's total from a header.
+fn device_limit(m: &Merged, entries: &[Entry], dev: i32) -> Result<u64, String> {
+    let applies = |e: &&Entry| match e.key {
+        None => true,
+        Some(DeviceKey::Ordinal(i)) => i as i64 == dev as i64,
+        Some(DeviceKey::Uuid(_)) => false,
+    };
+    let Some(limit) = entries.iter().rev().find(applies).map(|e| e.size) else { return Ok(0) };
     match limit {
         Size::Percent(_) => {
             let total = m.readers.iter().flat_map(|r| r.header.devices.iter()).filter(|d| d.index == dev).map(|d| d.total).find(|t| *t > 0);

@@ -17,7 +17,7 @@ pub struct Report {
 }
 
 pub fn compute(paths: &[PathBuf]) -> Result<Report, String> {
-    let mut merged = Merged::open(paths, Align::WallClock)?;
+    let mut merged = Merged::open_usable(paths, Align::WallClock)?;
     let mut procs: Vec<ProcStats> = merged.readers.iter().map(|_| ProcStats { devices: Vec::new() }).collect();
     let multi = procs.len() > 1;
     let mut combined: Vec<Combined> = Vec::new();

@@ -50,7 +50,7 @@ impl Checks {
 }
 
 /// Runs `vramcap doctor --probe KIND` with a clean vramcap environment plus `env`.
-fn run_probe(kind: &str, preload: Option<&Path>, env: &[(&str, String)]) -> Result<Probe, String> {
+pub(super) fn run_probe(kind: &str, preload: Option<&Path>, env: &[(&str, String)]) -> Result<Probe, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(exe);
     cmd.args(["doctor", "--probe", kind]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());

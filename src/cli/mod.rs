@@ -1,7 +1,7 @@
 //! The front door: `vramcap run` (a job under the preload), `vramcap demo` (the whole product on
 //! the fake GPU) and `vramcap doctor` (is this machine set up right?). Binary only.
 //!
-//! The limit grammar is the library's own (`src/config/{limits,group}.rs`, shared by path), so
+//! The limit grammar is the library's own (src/grammar/, one module both crate roots declare), so
 //! `run --limit` and `doctor` accept and reject exactly what the preloaded library would.
 
 pub mod demo;
@@ -10,24 +10,22 @@ pub mod probe;
 pub mod run;
 pub mod traces;
 
-#[allow(dead_code)]
-#[path = "../config/limits.rs"]
-pub mod limits;
-#[allow(dead_code)]
-#[path = "../config/group.rs"]
-pub mod group;
-// `group.rs` checks names with `super::group_name`.
-#[allow(dead_code)]
-#[path = "../config/group_name.rs"]
-pub mod group_name;
-// `limits.rs` names the size grammar as `super::size`.
-pub(crate) use crate::size;
+pub(crate) use crate::grammar::{group, limits, size};
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub const LIB_NAME: &str = "libvramcap.so";
+
+/// Output commands end like coreutils when their reader goes away (`vramcap report | head`):
+/// killed by SIGPIPE, silently (a shell shows status 141). Rust ignores SIGPIPE, so `println!`
+/// panicked instead ("failed printing to stdout: Broken pipe", exit 101). Not for the commands
+/// that write to sockets (`sidecar`, `top`), where a peer hanging up must stay an error value,
+/// nor for `run`, which stays the job's parent.
+pub fn die_on_broken_pipe() {
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
 
 /// The directory of the running `vramcap` binary (symlinks resolved).
 pub fn exe_dir() -> Result<PathBuf, String> {

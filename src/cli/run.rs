@@ -6,7 +6,8 @@
 //! so signals sent to us are forwarded, and we exit with the job's code (128 + signal if killed),
 //! as a shell would report it.
 
-use super::{group, limits::ConfigError, prepend_preload, preload_library, shell_code, traces};
+use super::limits::{ConfigError, DeviceInfo, LimitSpec};
+use super::{group, prepend_preload, preload_library, shell_code, traces};
 use crate::analysis;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -59,11 +60,45 @@ fn flag_of(var: &str, a: &RunArgs) -> String {
     if given { flag.to_string() } else { format!("{var} (from the environment)") }
 }
 
+/// The message for a bad value, quoting what the user typed: the whole flag value, and the list
+/// item at fault when it is one item of it.
 fn explain(e: &ConfigError, a: &RunArgs) -> String {
     if e.reason.contains("needs a group") {
         return format!("{} needs a group to apply to; expected --group NAME next to it", flag_of(&e.var, a));
     }
-    format!("{} {:?}: {}; expected {}", flag_of(&e.var, a), e.value, e.reason, e.expected)
+    let typed = match e.var.as_str() {
+        "VRAMCAP_LIMIT" => a.limit.as_deref(),
+        "VRAMCAP_GROUP" => a.group.as_deref(),
+        "VRAMCAP_GROUP_LIMIT" => a.group_limit.as_deref(),
+        _ => None,
+    };
+    match typed {
+        Some(v) if v.trim() != e.value && !e.value.is_empty() => {
+            format!("{} {v:?}: `{}`: {}; expected {}", flag_of(&e.var, a), e.value, e.reason, e.expected)
+        }
+        _ => format!("{} {:?}: {}; expected {}", flag_of(&e.var, a), e.value, e.reason, e.expected),
+    }
+}
+
+/// A limit that names devices (`0=1g,7=2g`, `GPU-8932f937=8g`, `VRAMCAP_LIMIT_3`) is resolved
+/// against the devices the job will see before the job starts: a device that does not exist
+/// would otherwise fail the job's CUDA initialisation after it started (minutes into a
+/// container's setup). The driver is asked in a child process, as `doctor` does, and only then:
+/// a plain `8GiB` or `50%` fits any device and costs no probe. Without a working driver nothing
+/// is decided here; the library still refuses a bad list at CUDA initialisation.
+fn check_devices(specs: &[&LimitSpec], a: &RunArgs) -> Result<(), String> {
+    if !specs.iter().any(|s| s.entries.iter().any(|e| e.key.is_some())) {
+        return Ok(());
+    }
+    let Ok(p) = super::doctor::run_probe("driver", None, &[]) else { return Ok(()) };
+    if p.get("error").is_some() || p.num("init") != Some(0) {
+        return Ok(());
+    }
+    let devices: Vec<DeviceInfo> = p.devices.iter().map(|d| DeviceInfo { total: d.total, uuid: d.uuid.clone() }).collect();
+    for s in specs {
+        s.resolve(&devices).map_err(|e| explain(&e, a))?;
+    }
+    Ok(())
 }
 
 /// The variables to set, validated with the library's own parser against what the job will see
@@ -83,7 +118,10 @@ fn variables(a: &RunArgs, trace: Option<&str>, sidecar: Option<&str>) -> Result<
     let mut all = super::limit_vars_from_env().map_err(|e| explain(&e, a))?;
     all.retain(|(k, _)| !set.iter().any(|(s, _)| k == s));
     all.extend(set.iter().map(|(k, v)| (k.to_string(), v.clone())));
-    group::from_vars(all.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(|e| explain(&e, a))?;
+    let (process, grp) = group::from_vars(all.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(|e| explain(&e, a))?;
+    let mut specs = vec![&process];
+    specs.extend(grp.as_ref().map(|g| &g.limits));
+    check_devices(&specs, a)?;
     if let Some(t) = trace {
         set.push(("VRAMCAP_TRACE", t.to_string()));
     }

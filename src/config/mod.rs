@@ -2,12 +2,11 @@
 //! Every variable is documented in docs/configuration.md.
 
 pub mod ceiling;
-pub mod group;
-pub mod limits;
 pub mod names;
-pub mod group_name;
 pub mod privacy;
-pub mod size;
+// The grammar lives in src/grammar/ (shared with the `vramcap` binary); `config::limits` etc. stay
+// the names the library uses.
+pub use crate::grammar::{group, group_name, limits, size};
 
 pub use group::GroupConfig;
 

@@ -4,7 +4,7 @@
 mod logline;
 mod metrics;
 #[allow(dead_code)]
-#[path = "../config/group_name.rs"]
+#[path = "../grammar/group_name.rs"]
 mod group_name;
 #[allow(dead_code)]
 #[path = "../config/privacy.rs"]

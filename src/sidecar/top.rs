@@ -85,21 +85,57 @@ pub fn render(state: &Value) -> String {
     out
 }
 
-/// `--once`: one snapshot; otherwise redraw every second in place until interrupted.
-pub fn run(socket: &Path, once: bool) -> Result<(), String> {
-    if once {
-        print!("{}", render(&query(socket)?));
-        return Ok(());
+/// top keeps SIGPIPE ignored (a sidecar hanging up on the query must stay an error value): a
+/// reader of stdout that went away ends it as SIGPIPE ends any Unix tool, silently.
+fn stdout_failed(e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::raise(libc::SIGPIPE);
+        }
     }
+    format!("cannot write to stdout: {e}")
+}
+
+/// When stdout is not a terminal, top gives up after this many failed queries in a row (one a
+/// second): a logging pipeline must not wait for ever on a sidecar that is not there. On a
+/// terminal it retries until Ctrl-C, as the person watching can see why.
+pub const PIPE_RETRIES: u32 = 10;
+
+/// `--once`: one snapshot. Otherwise every second: on a terminal, redrawn in place; into a pipe
+/// or file, plain snapshots one after another (no screen-control codes), each ending with a blank
+/// line. A reader that goes away ends top like any Unix tool (SIGPIPE).
+pub fn run(socket: &Path, once: bool) -> Result<(), String> {
     let mut stdout = std::io::stdout();
+    let mut put = |s: &str| stdout.write_all(s.as_bytes()).and_then(|_| stdout.flush()).map_err(|e| stdout_failed(&e));
+    if once {
+        return put(&render(&query(socket)?));
+    }
+    let tty = unsafe { libc::isatty(1) } == 1;
+    let mut failures = 0u32;
     loop {
         let screen = match query(socket) {
-            Ok(state) => render(&state),
+            Ok(state) => {
+                failures = 0;
+                render(&state)
+            }
+            Err(e) if !tty => {
+                failures += 1;
+                if failures >= PIPE_RETRIES {
+                    return Err(format!("{e}; gave up after {PIPE_RETRIES} attempts, one a second (output is not a terminal)"));
+                }
+                eprintln!("vramcap top: {e} (attempt {failures} of {PIPE_RETRIES})");
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
             Err(e) => format!("{e}\n(retrying every second; Ctrl-C quits)\n"),
         };
-        // Home, draw, clear the rest: no flicker from clearing first.
-        let _ = write!(stdout, "\x1b[H{}\x1b[J", screen.replace('\n', "\x1b[K\n"));
-        let _ = stdout.flush();
+        if tty {
+            // Home, draw, clear the rest: no flicker from clearing first.
+            put(&format!("\x1b[H{}\x1b[J", screen.replace('\n', "\x1b[K\n")))?;
+        } else {
+            put(&format!("{screen}\n"))?;
+        }
         std::thread::sleep(Duration::from_secs(1));
     }
 }

@@ -3,12 +3,15 @@
 //! The allocating threads only append records to their own buffers ([`crate::events`]); one
 //! writer thread per process formats and writes them. Lifecycle: the first event starts the writer; `exit()` from any thread
 //! drains the queue and writes the summary (an `atexit` handler waits for the writer, bounded);
+//! a program whose main thread ended with `pthread_exit` is ended by the writer once only our
+//! threads are left ([`lifetime`]), as glibc would end it;
 //! a forked child starts its own writer on its own file; `exec` starts fresh from the environment.
 //! `VRAMCAP_SIDECAR=PATH` makes the same writer stream the lines to the node's sidecar
 //! ([`sidecar`]); either consumer alone starts it.
 
 mod create;
 pub mod format;
+mod lifetime;
 pub mod sidecar;
 mod writer;
 
@@ -23,8 +26,6 @@ static ORIGIN_MONO_NS: AtomicU64 = AtomicU64::new(0);
 static ORIGIN_UNIX_NS: AtomicU64 = AtomicU64::new(0);
 /// Pid whose writer is running (0: none). A forked child sees its parent's pid here.
 static WRITER_PID: AtomicI32 = AtomicI32::new(0);
-static SHUTDOWN: AtomicBool = AtomicBool::new(false);
-static DONE: AtomicBool = AtomicBool::new(false);
 /// Set in a forked child: without `%p` in the template it would write its parent's file.
 static FORK_CHILD: AtomicBool = AtomicBool::new(false);
 
@@ -50,8 +51,7 @@ fn unix_ns() -> u64 {
 extern "C" fn after_fork_child() {
     FORK_CHILD.store(true, Ordering::Relaxed);
     WRITER_PID.store(0, Ordering::Relaxed);
-    SHUTDOWN.store(false, Ordering::Relaxed);
-    DONE.store(false, Ordering::Relaxed);
+    lifetime::reset_after_fork();
     sidecar::close_inherited_in_child();
     events::after_fork_child();
 }
@@ -113,17 +113,33 @@ fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
     if fd < 0 && !has_sidecar {
         events::set_enabled(false);
         w.discard();
-        DONE.store(true, Ordering::Release);
+        lifetime::writer_done();
         return;
     }
     if fd >= 0 {
         w.line(&header());
         w.flush();
     }
-    w.run(|| SHUTDOWN.load(Ordering::Acquire));
+    // Stops at `exit()`, or when the program's own threads have all ended after its
+    // main thread called pthread_exit (lifetime.rs): then nobody else will ever call exit().
+    let last_check = std::cell::Cell::new(Instant::now());
+    let orphaned = std::cell::Cell::new(false);
+    w.run(|| {
+        if lifetime::exiting() {
+            return true;
+        }
+        if last_check.get().elapsed() >= lifetime::CHECK_EVERY {
+            last_check.set(Instant::now());
+            orphaned.set(lifetime::only_ours_left());
+        }
+        orphaned.get()
+    });
     w.summary(&summary());
     w.close();
-    DONE.store(true, Ordering::Release);
+    lifetime::writer_done();
+    if orphaned.get() && !lifetime::exiting() {
+        lifetime::exit_as_last_thread();
+    }
 }
 
 fn block_all_signals() {
@@ -140,11 +156,7 @@ extern "C" fn at_exit() {
     if WRITER_PID.load(Ordering::Relaxed) != unsafe { libc::getpid() } {
         return;
     }
-    SHUTDOWN.store(true, Ordering::Release);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !DONE.load(Ordering::Acquire) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    lifetime::exit_and_wait(Instant::now() + Duration::from_secs(5));
 }
 
 fn header() -> Header {

@@ -77,7 +77,7 @@ impl Writer {
             exiting: None,
             origin_mono_ns,
             last_flush: Instant::now(),
-            calibration: Calibration::new(),
+            calibration: Calibration::new(&super::lifetime::idle),
             threads: Vec::new(),
             sidecar,
         }
@@ -189,7 +189,8 @@ impl Writer {
                 if !self.buf.is_empty() && self.last_flush.elapsed() >= FLUSH_EVERY {
                     self.flush();
                 }
-                std::thread::sleep(sleep);
+                // Cut short by exit(): the process's end is not delayed by our sleep.
+                super::lifetime::idle(sleep);
                 sleep = (sleep * 2).min(MAX_IDLE_SLEEP);
                 continue;
             }

@@ -1,12 +1,16 @@
 //! The size grammar shared by every limit variable (and by the CLI's `--limit`).
 //!
-//! `<n>`                     bytes (an integer)
+//! `<n>`                     bytes (an integer); below 1 MiB a unit is required (see below)
 //! `<n><k|m|g|t>[i|b|ib]`     binary units, any case: `8g` = `8G` = `8GB` = `8GiB` = 8·2^30
 //!                            (HAMi-core and MPS users write all of these and mean the same)
 //! `<n>%`                    a share of the device's physical memory
 //! `0`                       no limit
 //! `<n>` may have a fractional part with a unit or `%` (`1.5GiB`, `12.5%`); bytes round down
 //! (a non-zero size below one byte is an error: it must never become "no limit").
+//!
+//! A bare number below 1 MiB (`8`, `512`, `50`) is an error, not a byte count: no GPU job fits in
+//! it, so it denies every allocation, and it is almost always a missing unit (`8` meant 8GiB,
+//! `50` meant 50%). Write the unit, or `<n>b` for that many bytes on purpose.
 
 use std::fmt;
 
@@ -31,6 +35,9 @@ impl fmt::Display for SizeError {
         f.write_str(&self.0)
     }
 }
+
+/// Bare numbers (no unit) from here up are bytes; below it they ask for a unit.
+pub const BARE_MIN: u64 = 1 << 20;
 
 pub fn parse_size(input: &str) -> Result<Size, SizeError> {
     let s = input.trim();
@@ -77,6 +84,12 @@ pub fn parse_size(input: &str) -> Result<Size, SizeError> {
         b as u64
     } else {
         let v: u64 = num.parse().map_err(|_| SizeError(format!("`{num}` is too large")))?;
+        if unit.is_empty() && v > 0 && v < BARE_MIN {
+            return Err(SizeError(format!(
+                "`{s}` has no unit: as bytes it would deny every allocation; write {v}GiB, {v}MiB or \
+                 {v}% (or {v}b if you mean bytes)"
+            )));
+        }
         v.checked_mul(1u64 << shift).ok_or_else(|| SizeError(format!("`{s}` is too large")))?
     };
     Ok(if bytes == 0 { Size::Unlimited } else { Size::Bytes(bytes) })
@@ -120,6 +133,7 @@ mod tests {
         assert_eq!(parse_size("2T"), Ok(Size::Bytes(2 << 40)));
         assert_eq!(parse_size("1073741824"), Ok(Size::Bytes(G)));
         assert_eq!(parse_size("100b"), Ok(Size::Bytes(100)));
+        assert_eq!(parse_size("1048576"), Ok(Size::Bytes(1 << 20)));
         assert_eq!(parse_size("1.5GiB"), Ok(Size::Bytes(3 * G / 2)));
     }
 
@@ -141,6 +155,17 @@ mod tests {
         {
             assert!(parse_size(s).is_err(), "accepted {s:?}");
         }
+    }
+
+    #[test]
+    fn a_bare_number_below_one_mib_asks_for_a_unit() {
+        for s in ["8", "1", "512", "50", "1048575", " 8 "] {
+            let e = parse_size(s).unwrap_err().0;
+            assert!(e.contains("has no unit") && e.contains("GiB") && e.contains('%'), "{s}: {e}");
+        }
+        assert_eq!(parse_size("8b"), Ok(Size::Bytes(8)));
+        assert_eq!(parse_size("8B"), Ok(Size::Bytes(8)));
+        assert_eq!(parse_size("0"), Ok(Size::Unlimited));
     }
 
     #[test]

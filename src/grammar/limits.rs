@@ -22,6 +22,9 @@ pub struct Entry {
     pub size: Size,
     /// The variable this came from, for messages.
     pub var: String,
+    /// The item as the user wrote it (`7=2g`, `8GiB`): messages quote it, never a rewritten
+    /// `7=2147483648`.
+    pub text: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -82,7 +85,7 @@ impl LimitSpec {
                     reason: e.0,
                     expected: SIZE_FORM.to_string(),
                 })?;
-                overrides.push((idx, Entry { key: Some(DeviceKey::Ordinal(idx)), size, var: k.to_string() }));
+                overrides.push((idx, Entry { key: Some(DeviceKey::Ordinal(idx)), size, var: k.to_string(), text: v.trim().to_string() }));
             }
         }
         overrides.sort_by_key(|(i, _)| *i);
@@ -100,7 +103,7 @@ impl LimitSpec {
         for e in &self.entries {
             let err = |reason: String| ConfigError {
                 var: e.var.clone(),
-                value: describe(e),
+                value: e.text.clone(),
                 reason,
                 expected: "a device this process can see (CUDA ordinal or GPU UUID prefix)".into(),
             };
@@ -134,20 +137,6 @@ impl LimitSpec {
     }
 }
 
-fn describe(e: &Entry) -> String {
-    let key = match &e.key {
-        None => String::new(),
-        Some(DeviceKey::Ordinal(i)) => format!("{i}="),
-        Some(DeviceKey::Uuid(u)) => format!("{u}="),
-    };
-    let size = match e.size {
-        Size::Unlimited => "0".to_string(),
-        Size::Bytes(b) => b.to_string(),
-        Size::Percent(p) => format!("{p}%"),
-    };
-    format!("{key}{size}")
-}
-
 fn is_family(k: &str, family: &str) -> bool {
     k == family || (k.starts_with(family) && k.as_bytes().get(family.len()) == Some(&b'_'))
 }
@@ -162,7 +151,7 @@ pub fn parse_list(var: &str, value: &str) -> Result<Vec<Entry>, ConfigError> {
     };
     if !value.contains('=') {
         let size = parse_size(value).map_err(|e| err(e.0))?;
-        return Ok(vec![Entry { key: None, size, var: var.to_string() }]);
+        return Ok(vec![Entry { key: None, size, var: var.to_string(), text: value.trim().to_string() }]);
     }
     let mut out = Vec::new();
     for item in value.split(',') {
@@ -183,7 +172,7 @@ pub fn parse_list(var: &str, value: &str) -> Result<Vec<Entry>, ConfigError> {
             return Err(err(format!("`{k}` is not a device key")));
         };
         let size = parse_size(v).map_err(|e| err(format!("`{v}` for device {k}: {}", e.0)))?;
-        out.push(Entry { key: Some(key), size, var: var.to_string() });
+        out.push(Entry { key: Some(key), size, var: var.to_string(), text: item.to_string() });
     }
     Ok(out)
 }
@@ -258,5 +247,8 @@ mod tests {
         }
         let s = spec(&[("VRAMCAP_LIMIT_5", "1g")]).unwrap();
         assert!(s.resolve(&devs()).unwrap_err().to_string().contains("device 5 does not exist"));
+        // The message quotes what was written, not a rewritten `7=2147483648`.
+        let e = spec(&[("VRAMCAP_LIMIT", "0=1g, 7=2g")]).unwrap().resolve(&devs()).unwrap_err();
+        assert_eq!(e.value, "7=2g", "{e}");
     }
 }

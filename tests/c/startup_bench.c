@@ -1,0 +1,84 @@
+/* startup_bench: what vramcap adds to a process's start and exit (scripts/bench-startup).
+ *
+ *   startup_bench run N      N times: fork, exec `startup_bench child FD` (with LD_PRELOAD set to
+ *                            $STARTUP_PRELOAD when that is set), wait. One line per run:
+ *                            start_us  fork to the first allocation done (cuInit, primary context,
+ *                                      cuMemAlloc_v2 of 1 MiB returned)
+ *                            exit_us   the child's last call done (the free) to waitpid returning:
+ *                                      exit handlers, vramcap's trace drain, process teardown
+ *   startup_bench child FD   the measured process: the calls above, then writes its two
+ *                            CLOCK_MONOTONIC stamps to FD and returns from main.
+ * Linked against libcuda (the fake driver) like client_linked. */
+#define _GNU_SOURCE
+#include "cuda_types.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int child(int fd)
+{
+    CUdevice dev = 0;
+    CUcontext ctx = NULL;
+    CUdeviceptr p = 0;
+    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)
+        || cuMemAlloc_v2(&p, 1 << 20))
+        return 1;
+    long long allocated = now_ns();
+    if (cuMemFree_v2(p))
+        return 1;
+    long long done = now_ns();
+    dprintf(fd, "%lld %lld\n", allocated, done);
+    close(fd);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && !strcmp(argv[1], "child"))
+        return child(atoi(argv[2]));
+    if (argc != 3 || strcmp(argv[1], "run")) {
+        fprintf(stderr, "usage: startup_bench run N\n");
+        return 2;
+    }
+    const char *preload = getenv("STARTUP_PRELOAD");
+    for (int i = 0, n = atoi(argv[2]); i < n; i++) {
+        int fds[2];
+        if (pipe(fds))
+            return 1;
+        long long forked = now_ns();
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(fds[0]);
+            if (preload && *preload)
+                setenv("LD_PRELOAD", preload, 1);
+            char fd[16];
+            snprintf(fd, sizeof fd, "%d", fds[1]);
+            execl("/proc/self/exe", argv[0], "child", fd, (char *)NULL);
+            _exit(127);
+        }
+        close(fds[1]);
+        char buf[64] = {0};
+        ssize_t got = read(fds[0], buf, sizeof buf - 1);
+        close(fds[0]);
+        int st = 0;
+        waitpid(pid, &st, 0);
+        long long reaped = now_ns();
+        long long allocated = 0, done = 0;
+        if (got <= 0 || sscanf(buf, "%lld %lld", &allocated, &done) != 2 || !WIFEXITED(st) || WEXITSTATUS(st)) {
+            fprintf(stderr, "startup_bench: run %d failed (status %d)\n", i, st);
+            return 1;
+        }
+        printf("start_us=%.1f exit_us=%.1f\n", (allocated - forked) / 1e3, (reaped - done) / 1e3);
+    }
+    return 0;
+}
