@@ -164,7 +164,11 @@ pub fn free(api: Hook, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) ->
         return call();
     }
     let taken = guarded(None, || ledger::take(kind, key));
+    // Stamped when the call began (an allocation is stamped when its call returned): once the
+    // driver has the free, another thread can be handed the same address, and that allocation's
+    // event must not come out earlier than this free.
     let t = timed(call);
+    let t = Timed { at: t.at.saturating_sub(t.dur), ..t };
     guarded((), || match taken {
         Some(c) if t.rc == CUDA_SUCCESS => {
             if kind.charged() {

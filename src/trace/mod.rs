@@ -38,6 +38,7 @@ pub fn configure(cfg: &config::Config) {
     ORIGIN_MONO_NS.store(crate::log::monotonic_ns(), Ordering::Relaxed);
     ORIGIN_UNIX_NS.store(unix_ns(), Ordering::Relaxed);
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    events::set_lossless(cfg.lossless);
     events::set_enabled(true);
 }
 
@@ -106,11 +107,13 @@ fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
             ));
         }
     }
+    let trace_path = file.as_ref().filter(|_| fd >= 0).map(|f| f.1.clone());
     let sidecar = socket.map(|s| sidecar::Sidecar::new(s, hello_line(), origin));
     let has_sidecar = sidecar.is_some();
     let mut w = writer::Writer::new(fd, file.map(|f| f.1).unwrap_or_default(), origin, sidecar);
     if fd < 0 && !has_sidecar {
         events::set_enabled(false);
+        events::set_writer_live(false);
         w.discard();
         DONE.store(true, Ordering::Release);
         return;
@@ -120,9 +123,28 @@ fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
         w.flush();
     }
     w.run(|| SHUTDOWN.load(Ordering::Acquire));
-    w.summary(&summary());
+    // The last drain is done: a lossless thread still allocating must not wait for it.
+    events::set_writer_live(false);
+    let s = summary();
+    w.summary(&s);
     w.close();
+    warn_dropped(&s, trace_path.as_deref());
     DONE.store(true, Ordering::Release);
+}
+
+/// One stderr line at exit when events were lost, so nobody reads an incomplete trace unawares.
+fn warn_dropped(s: &Summary, path: Option<&str>) {
+    if s.dropped == 0 || !crate::log::enabled(config::Level::Warn) {
+        return;
+    }
+    let whose = path.map_or("the sidecar stream".to_string(), |p| format!("the trace {p}"));
+    crate::log::write_line(&format!(
+        "vramcap: {} of {} events did not reach {whose} (threads outran the writer, or the disk \
+         refused them); the summary's peak and held-at-exit are exact, lists built from events are \
+         incomplete; VRAMCAP_TRACE_MODE=lossless keeps every event (the job's threads then wait \
+         for the writer)",
+        s.dropped, s.events
+    ));
 }
 
 /// The pid in the header of an existing trace at `path`, if that process is alive and not us.
