@@ -76,7 +76,13 @@ pub struct Calibration {
     ns_per_tick: f64,
     /// The first refresh anchors on its pair; later ones only steer.
     calibrated: bool,
+    /// The previous lines, newest last: a tick from before the current anchor (an event
+    /// published late, such as a free stamped before a long driver call) is converted by the line
+    /// that was current at its time, exactly as events drained earlier were.
+    past: [(u64, u64, f64); PAST_LINES],
 }
+
+const PAST_LINES: usize = 16;
 
 /// How much faster or slower than the measured rate the conversion may run while it catches up
 /// with the monotonic clock: 1 ms per second.
@@ -87,7 +93,7 @@ impl Calibration {
     pub fn new() -> Calibration {
         let counter = USE_COUNTER.load(Ordering::Relaxed);
         let (bt, bn) = (REF_TICKS.load(Ordering::Relaxed), REF_NS.load(Ordering::Relaxed));
-        let mut c = Calibration { counter, base_ticks: bt, base_ns: bn, anchor_ticks: bt, anchor_ns: bn, ns_per_tick: 1.0, calibrated: false };
+        let mut c = Calibration { counter, base_ticks: bt, base_ns: bn, anchor_ticks: bt, anchor_ns: bn, ns_per_tick: 1.0, calibrated: false, past: [(0, 0, 0.0); PAST_LINES] };
         if counter {
             while monotonic_ns().saturating_sub(bn) < 10_000_000 {
                 std::thread::sleep(std::time::Duration::from_millis(2));
@@ -114,6 +120,10 @@ impl Calibration {
             let here = if self.calibrated { self.to_ns(t) } else { n };
             // Remove the offset over about a second, never faster than MAX_SLEW.
             let slew = ((n as f64 - here as f64) / 1e9).clamp(-MAX_SLEW, MAX_SLEW);
+            if self.calibrated {
+                self.past.rotate_left(1);
+                self.past[PAST_LINES - 1] = (self.anchor_ticks, self.anchor_ns, self.ns_per_tick);
+            }
             self.ns_per_tick = rate * (1.0 + slew);
             self.anchor_ticks = t;
             self.anchor_ns = here;
@@ -126,8 +136,21 @@ impl Calibration {
         if !self.counter {
             return ticks;
         }
-        let d = ticks as i128 - self.anchor_ticks as i128;
-        (self.anchor_ns as i128 + (d as f64 * self.ns_per_tick) as i128).max(0) as u64
+        let (mut at, mut ns, mut rate) = (self.anchor_ticks, self.anchor_ns, self.ns_per_tick);
+        if ticks < at {
+            // Rare (late events only): the newest past line that starts at or before `ticks`.
+            for &(t, n, r) in self.past.iter().rev() {
+                if r == 0.0 {
+                    break;
+                }
+                (at, ns, rate) = (t, n, r);
+                if t <= ticks {
+                    break;
+                }
+            }
+        }
+        let d = ticks as i128 - at as i128;
+        (ns as i128 + (d as f64 * rate) as i128).max(0) as u64
     }
 
     #[inline]
