@@ -70,9 +70,14 @@ pub struct Event {
     pub result: CUresult,
     /// Time spent in the real driver call, in clock ticks ([`crate::clock`]); 0 for a deny.
     pub dur: u64,
-    /// The device's charge after the call.
+    /// This process's charge on the device after the call.
     pub used: u64,
+    /// The group's charge on the device after the call ([`NO_GROUP`]: not a group member, or the
+    /// group does not cap this device).
+    pub group_used: u64,
 }
+
+pub const NO_GROUP: u64 = u64::MAX;
 
 /// An event as the writer handles it: stamped with its time and thread, numbered by [`number`].
 #[derive(Clone, Copy, Debug)]
@@ -86,15 +91,59 @@ pub struct Record {
     pub ev: Event,
 }
 
-/// An event as buffered in a thread's ring: a [`Record`] without its number, exactly one cache
-/// line (so a push writes one line, never two).
+/// An event as buffered in a thread's ring: a [`Record`] without its number, packed into
+/// exactly one cache line (so a push writes one line, never two).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Pushed {
     at: u64,
+    ptr: u64,
+    size: u64,
+    dur: u64,
+    used: u64,
+    group_used: u64,
     tid: u32,
+    result: CUresult,
     lost_before: u32,
-    ev: Event,
+    api: Hook,
+    /// Device ordinals are below `ledger::MAX_DEVICES` (64), or -1.
+    dev: i8,
+    op: Op,
+}
+
+impl Pushed {
+    #[inline(always)]
+    fn pack(at: u64, tid: u32, lost_before: u32, e: Event) -> Pushed {
+        Pushed {
+            at,
+            ptr: e.ptr,
+            size: e.size,
+            dur: e.dur,
+            used: e.used,
+            group_used: e.group_used,
+            tid,
+            result: e.result,
+            dev: e.dev.clamp(-1, i8::MAX as i32) as i8,
+            api: e.api,
+            lost_before,
+            op: e.op,
+        }
+    }
+
+    fn unpack(&self) -> Record {
+        let ev = Event {
+            op: self.op,
+            api: self.api,
+            dev: self.dev as i32,
+            ptr: self.ptr,
+            size: self.size,
+            result: self.result,
+            dur: self.dur,
+            used: self.used,
+            group_used: self.group_used,
+        };
+        Record { seq: 0, at: self.at, tid: self.tid, lost_before: self.lost_before, ev }
+    }
 }
 
 /// Records per thread ring: at 1 M events/s from one thread the writer has 16 ms to come by.
@@ -156,7 +205,7 @@ impl ThreadBuf {
         }
         let lost = (self.dropped.load(Ordering::Relaxed) - *reported).min(u32::MAX as u64);
         *reported += lost;
-        unsafe { (*self.slots[h % THREAD_CAPACITY].get()).write(Pushed { at, tid, lost_before: lost as u32, ev }) };
+        unsafe { (*self.slots[h % THREAD_CAPACITY].get()).write(Pushed::pack(at, tid, lost as u32, ev)) };
         self.head.0.store(h.wrapping_add(1), Ordering::Release);
         // The writer read the next slot's line a lap ago, so writing it means taking the line
         // back from the writer's core. Ask for it now: the transfer overlaps whatever the
@@ -193,7 +242,7 @@ impl ThreadBuf {
         let mut i = t;
         while i != h {
             let p = unsafe { (*self.slots[i % THREAD_CAPACITY].get()).assume_init() };
-            into.push(Record { seq: 0, at: p.at, tid: p.tid, lost_before: p.lost_before, ev: p.ev });
+            into.push(p.unpack());
             i = i.wrapping_add(1);
         }
         self.tail.0.store(h, Ordering::Release);
@@ -399,7 +448,7 @@ mod tests {
     use super::*;
 
     fn rec(tid: u32, at: u64, lost_before: u32) -> Record {
-        let ev = Event { op: Op::Alloc, api: Hook::cuMemAlloc_v2, dev: 0, ptr: 0, size: 0, result: 0, dur: 0, used: 0 };
+        let ev = Event { op: Op::Alloc, api: Hook::cuMemAlloc_v2, dev: 0, ptr: 0, size: 0, result: 0, dur: 0, used: 0, group_used: NO_GROUP };
         Record { seq: u64::MAX, at, tid, lost_before, ev }
     }
 
@@ -448,7 +497,7 @@ mod lossless_tests {
     #[test]
     fn a_full_ring_waits_for_the_writer_in_lossless_mode() {
         let b: &'static ThreadBuf = Box::leak(Box::new(ThreadBuf::new()));
-        let ev = Event { op: Op::Alloc, api: Hook::cuMemAlloc_v2, dev: 0, ptr: 0, size: 0, result: 0, dur: 0, used: 0 };
+        let ev = Event { op: Op::Alloc, api: Hook::cuMemAlloc_v2, dev: 0, ptr: 0, size: 0, result: 0, dur: 0, used: 0, group_used: NO_GROUP };
         // No writer (exiting, or none started): dropped, never waited for in vain.
         for i in 0..THREAD_CAPACITY as u64 {
             assert!(b.push(7, ev, i, true));

@@ -510,3 +510,24 @@ fn lossless_mode_waits_for_a_stalled_reader_and_keeps_every_event() {
     assert_eq!(seqs, (0..total).collect::<Vec<u64>>());
     assert!(!out.stderr.contains("did not reach"), "{}", out.stderr);
 }
+
+/// Denial lines are limited to one per second: the ones held back are counted in one line at
+/// exit, and the trace's summary counts every denial per device.
+#[test]
+fn suppressed_denials_are_counted_at_exit_and_in_the_summary() {
+    let dir = tmpdir("denials");
+    let path = dir.join("t.jsonl");
+    let out = Run::client("client_procaddr")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("VRAMCAP_TRACE", &path)
+        .args(["init ctx 0 alloc 2g alloc 2g alloc 2g alloc 2g alloc 2g"])
+        .run();
+    out.ok();
+    assert_eq!(out.stderr.matches("vramcap: denied").count(), 1, "{}", out.stderr);
+    assert!(out.stderr.contains("vramcap: 4 more denial(s) not shown"), "{}", out.stderr);
+    let t = read_trace(&path);
+    assert_eq!(t.last().unwrap()["denied"]["0"], 5);
+    // Without a trace the exit line comes all the same.
+    let out = Run::client("client_procaddr").env("VRAMCAP_LIMIT", "1g").args(["init ctx 0 alloc 2g alloc 2g alloc 2g"]).run();
+    assert!(out.ok().stderr.contains("vramcap: 2 more denial(s) not shown"), "{}", out.stderr);
+}

@@ -51,7 +51,8 @@ fn plan(api: Hook, target: Target, size: u64) -> Plan {
         Err(d) => {
             let scope = if d.group { crate::group::name() } else { None };
             crate::log::denied_in(crate::hooks::info(api).name, dev, size, d.used, d.limit, scope);
-            Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, d.used)
+            // The event's `used` is this process's charge, even when the group's budget refused.
+            Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, ledger::used(dev))
         }
     }
 }
@@ -193,7 +194,12 @@ pub fn free(api: Hook, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) ->
 #[inline(always)]
 pub fn emit(op: Op, api: Hook, dev: i32, ptr: u64, size: u64, t: Timed, used: u64) {
     if events::enabled() {
-        record(Event { op, api, dev, ptr, size, result: t.rc, dur: t.dur, used }, t.at);
+        let group_used = if dev >= 0 && crate::group::active() {
+            crate::group::view(dev as usize).map_or(events::NO_GROUP, |(_, used)| used)
+        } else {
+            events::NO_GROUP
+        };
+        record(Event { op, api, dev, ptr, size, result: t.rc, dur: t.dur, used, group_used }, t.at);
     }
 }
 

@@ -199,7 +199,7 @@ extern "C" fn at_exit() {
 fn header() -> Header {
     let pid = unsafe { libc::getpid() };
     let devices = (0..ledger::device_count())
-        .map(|i| DeviceLine { index: i, total: ledger::total(i), limit: ledger::limit(i) })
+        .map(|i| DeviceLine { index: i, total: ledger::total(i), limit: ledger::limit(i), group_limit: crate::group::view(i).map(|g| g.0) })
         .collect();
     Header {
         kind: "header",
@@ -236,12 +236,22 @@ fn hello_line() -> Vec<u8> {
 
 fn summary() -> Summary {
     let n = ledger::device_count().max(ledger::highest_used_device() + 1);
+    let group = crate::group::name().map(|name| {
+        let caps: Vec<(usize, (u64, u64))> = (0..n).filter_map(|d| Some((d, crate::group::view(d)?))).collect();
+        format::GroupSummary {
+            name: name.to_string(),
+            limit: caps.iter().map(|(d, (l, _))| (d.to_string(), *l)).collect(),
+            used: caps.iter().map(|(d, (_, u))| (d.to_string(), *u)).collect(),
+        }
+    });
     Summary {
         kind: "summary",
         events: events::emitted(),
         dropped: events::dropped(),
         peak: (0..n).map(|d| (d.to_string(), ledger::peak(d))).collect(),
         used: (0..n).map(|d| (d.to_string(), ledger::used(d))).collect(),
+        denied: (0..n).map(|d| (d.to_string(), crate::log::denials(d))).collect(),
+        group,
     }
 }
 
