@@ -108,6 +108,8 @@ pub fn json_line(buf: &mut Vec<u8>, v: &impl serde::Serialize) {
 pub struct Summary {
     #[serde(rename = "type")]
     pub kind: &'static str,
+    /// When the process exited, on the events' clock.
+    pub t_ns: u64,
     pub events: u64,
     pub dropped: u64,
     pub peak: std::collections::BTreeMap<String, u64>,

@@ -246,6 +246,7 @@ fn summary() -> Summary {
     });
     Summary {
         kind: "summary",
+        t_ns: crate::log::monotonic_ns().saturating_sub(ORIGIN_MONO_NS.load(Ordering::Relaxed)),
         events: events::emitted(),
         dropped: events::dropped(),
         peak: (0..n).map(|d| (d.to_string(), ledger::peak(d))).collect(),
