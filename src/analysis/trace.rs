@@ -70,14 +70,10 @@ pub struct Summary {
     #[serde(default)]
     pub t_ns: Option<u64>,
     #[serde(default)]
-    pub events: u64,
-    #[serde(default)]
     pub dropped: u64,
     /// Per device (ordinal as a string): the charge at exit, the truth even when events dropped.
     #[serde(default)]
     pub used: std::collections::BTreeMap<String, u64>,
-    #[serde(default)]
-    pub peak: std::collections::BTreeMap<String, u64>,
     #[serde(default)]
     pub denied: Option<std::collections::BTreeMap<String, u64>>,
     #[serde(default)]
@@ -87,11 +83,7 @@ pub struct Summary {
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct GroupSummary {
     #[serde(default)]
-    pub name: String,
-    #[serde(default)]
     pub limit: std::collections::BTreeMap<String, u64>,
-    #[serde(default)]
-    pub used: std::collections::BTreeMap<String, u64>,
 }
 
 impl Summary {
