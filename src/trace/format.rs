@@ -149,6 +149,11 @@ pub struct DeviceUsage {
     pub limit: Option<u64>,
     pub peak: u64,
     pub denied: u64,
+    /// The group's budget and charge (group members whose group caps the device only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_limit: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_used: Option<u64>,
 }
 
 /// Successful counted allocations (`op` `alloc`) of one entry point on one device, since start.
