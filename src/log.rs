@@ -56,7 +56,13 @@ fn suppress() {
     SUPPRESSED.fetch_add(1, Ordering::Relaxed);
     static AT_EXIT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !AT_EXIT.swap(true, Ordering::AcqRel) {
-        unsafe { libc::atexit(suppressed_at_exit) };
+        extern "C" fn child() {
+            SUPPRESSED.store(0, Ordering::Relaxed);
+        }
+        unsafe {
+            libc::atexit(suppressed_at_exit);
+            libc::pthread_atfork(None, None, Some(child));
+        }
     }
 }
 
@@ -81,9 +87,17 @@ pub fn denied(api: &str, dev: usize, size: u64, used: u64, limit: u64) {
 /// Every denial per device, printed or not (the trace summary's `denied`).
 static DENIALS: [AtomicU64; crate::ledger::MAX_DEVICES] = [const { AtomicU64::new(0) }; crate::ledger::MAX_DEVICES];
 
-/// Denials on `dev` since the process started (a forked child starts from its parent's count).
+/// Denials on `dev` since the process started (a forked child counts its own from 0).
 pub fn denials(dev: usize) -> u64 {
     DENIALS.get(dev).map_or(0, |d| d.load(Ordering::Relaxed))
+}
+
+/// In a forked child: its own denials, its own held-back lines (the parent reports its own).
+pub fn after_fork_child() {
+    for d in &DENIALS {
+        d.store(0, Ordering::Relaxed);
+    }
+    SUPPRESSED.store(0, Ordering::Relaxed);
 }
 
 /// [`denied`], naming the group whose budget refused (`used`/`limit` are then the group's).

@@ -55,6 +55,7 @@ extern "C" fn after_fork_child() {
     DONE.store(false, Ordering::Relaxed);
     sidecar::close_inherited_in_child();
     events::after_fork_child();
+    crate::log::after_fork_child();
 }
 
 /// Starts this process's writer thread. False if no thread could be started.
