@@ -136,6 +136,11 @@ fn dropped_events_make_the_leak_list_say_it_is_incomplete() {
     let j = json(&["report", "--json", &p]);
     let d = &j["processes"][0]["devices"][0];
     assert_eq!((d["held_at_exit"].as_u64(), d["leaks_complete"].as_bool(), d["group_limit"].as_u64()), (Some(0), Some(false), Some(1536 << 20)));
+    // The plot draws the group's budget and names it.
+    let svg = std::path::Path::new(&p).with_extension("svg");
+    ok(&["plot", &p, "-o", svg.to_str().unwrap()]);
+    let svg = std::fs::read_to_string(svg).unwrap();
+    assert!(svg.contains("group \"team\" budget 1.5 GiB") || svg.contains("group &quot;team&quot; budget 1.5 GiB"), "{svg}");
 }
 
 /// A free written after the re-allocation of its address (stamped before it) is matched with
