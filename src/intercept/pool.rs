@@ -151,8 +151,10 @@ fn plan(api: Hook, pool: Option<u64>, size: u64) -> Plan {
     }) {
         Ok(()) => Plan::Go { pool: slot, dev, growth },
         Err(d) => {
-            crate::log::denied(crate::hooks::info(api).name, dev, size, d.used, d.limit);
-            Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, d.used)
+            let scope = if d.group { crate::group::name() } else { None };
+            crate::log::denied_in(crate::hooks::info(api).name, dev, size, d.used, d.limit, scope);
+            // The event's `used` is this process's charge, even when the group's budget refused.
+            Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, ledger::used(dev))
         }
     }
 }
