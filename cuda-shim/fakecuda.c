@@ -137,6 +137,14 @@ static void config_load_once(void)
         else
             bad_var("FAKECUDA_INIT_FAIL", v);
     }
+    /* A driver whose free returns well after the memory is reusable (cuMemFree synchronizes):
+     * another thread can be handed the address before the free returns. */
+    if ((v = getenv("FAKECUDA_FREE_DELAY_US"))) {
+        if (parse_int(v, 0, 10000000, &n) == 0)
+            fc_cfg.free_delay_us = n;
+        else
+            bad_var("FAKECUDA_FREE_DELAY_US", v);
+    }
     if ((v = getenv("FAKECUDA_FAIL_ALLOC"))) {
         char buf[64];
         char *colon;

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -559,8 +560,13 @@ FC_API CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 
 FC_API CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
+    CUresult rc;
+
     FC_COUNT(cuMemFree_v2);
-    return mem_free((uintptr_t)dptr);
+    rc = mem_free((uintptr_t)dptr);
+    if (fc_cfg.free_delay_us)
+        usleep((useconds_t)fc_cfg.free_delay_us);
+    return rc;
 }
 
 FC_API CUresult cuMemFree(CUdeviceptr_v1 dptr)

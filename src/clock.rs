@@ -74,7 +74,19 @@ pub struct Calibration {
     anchor_ticks: u64,
     anchor_ns: u64,
     ns_per_tick: f64,
+    /// The first refresh anchors on its pair; later ones only steer.
+    calibrated: bool,
+    /// The previous lines, newest last: a tick from before the current anchor (an event
+    /// published late, such as a free stamped before a long driver call) is converted by the line
+    /// that was current at its time, exactly as events drained earlier were.
+    past: [(u64, u64, f64); PAST_LINES],
 }
+
+const PAST_LINES: usize = 16;
+
+/// How much faster or slower than the measured rate the conversion may run while it catches up
+/// with the monotonic clock: 1 ms per second.
+const MAX_SLEW: f64 = 1e-3;
 
 impl Calibration {
     /// Needs ~10 ms between `init()` and the first conversion for a usable rate; waits if less,
@@ -84,7 +96,7 @@ impl Calibration {
     pub fn new(sleep: &dyn Fn(std::time::Duration) -> bool) -> Calibration {
         let counter = USE_COUNTER.load(Ordering::Relaxed);
         let (bt, bn) = (REF_TICKS.load(Ordering::Relaxed), REF_NS.load(Ordering::Relaxed));
-        let mut c = Calibration { counter, base_ticks: bt, base_ns: bn, anchor_ticks: bt, anchor_ns: bn, ns_per_tick: 1.0 };
+        let mut c = Calibration { counter, base_ticks: bt, base_ns: bn, anchor_ticks: bt, anchor_ns: bn, ns_per_tick: 1.0, calibrated: false, past: [(0, 0, 0.0); PAST_LINES] };
         if counter {
             while monotonic_ns().saturating_sub(bn) < 10_000_000 {
                 if !sleep(std::time::Duration::from_millis(2)) {
@@ -96,16 +108,31 @@ impl Calibration {
         c
     }
 
-    /// Re-measures the rate over the whole span since recording started and re-anchors.
+    /// Re-measures the rate over the whole span since recording started and re-anchors, keeping
+    /// the conversion continuous: the new line starts where the old one is at this moment, and
+    /// its slope steers toward the monotonic clock by at most [`MAX_SLEW`]. Re-anchoring on the
+    /// fresh pair itself made the conversion jump by that pair's jitter (a preemption between its
+    /// two reads, tens of microseconds on a busy machine), so an event converted after a refresh
+    /// could come out earlier than one converted before it that happened later: a free stamped
+    /// before the re-allocation of its address then looked like it came after it.
     pub fn refresh(&mut self) {
         if !self.counter {
             return;
         }
         let (t, n) = pair();
-        if t > self.base_ticks && n > self.base_ns {
-            self.ns_per_tick = (n - self.base_ns) as f64 / (t - self.base_ticks) as f64;
+        if t > self.base_ticks && n > self.base_ns && t >= self.anchor_ticks {
+            let rate = (n - self.base_ns) as f64 / (t - self.base_ticks) as f64;
+            let here = if self.calibrated { self.to_ns(t) } else { n };
+            // Remove the offset over about a second, never faster than MAX_SLEW.
+            let slew = ((n as f64 - here as f64) / 1e9).clamp(-MAX_SLEW, MAX_SLEW);
+            if self.calibrated {
+                self.past.rotate_left(1);
+                self.past[PAST_LINES - 1] = (self.anchor_ticks, self.anchor_ns, self.ns_per_tick);
+            }
+            self.ns_per_tick = rate * (1.0 + slew);
             self.anchor_ticks = t;
-            self.anchor_ns = n;
+            self.anchor_ns = here;
+            self.calibrated = true;
         }
     }
 
@@ -114,8 +141,21 @@ impl Calibration {
         if !self.counter {
             return ticks;
         }
-        let d = ticks as i128 - self.anchor_ticks as i128;
-        (self.anchor_ns as i128 + (d as f64 * self.ns_per_tick) as i128).max(0) as u64
+        let (mut at, mut ns, mut rate) = (self.anchor_ticks, self.anchor_ns, self.ns_per_tick);
+        if ticks < at {
+            // Rare (late events only): the newest past line that starts at or before `ticks`.
+            for &(t, n, r) in self.past.iter().rev() {
+                if r == 0.0 {
+                    break;
+                }
+                (at, ns, rate) = (t, n, r);
+                if t <= ticks {
+                    break;
+                }
+            }
+        }
+        let d = ticks as i128 - at as i128;
+        (ns as i128 + (d as f64 * rate) as i128).max(0) as u64
     }
 
     #[inline]
@@ -143,5 +183,28 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         let span = c.span_ns(ticks() - t0);
         assert!((15_000_000..200_000_000).contains(&span), "20 ms measured as {span} ns");
+    }
+
+    /// Refreshing never moves a converted time backwards: the conversion stays continuous.
+    #[test]
+    fn a_refresh_keeps_the_conversion_continuous() {
+        init();
+        let mut c = Calibration::new(&|d| {
+            std::thread::sleep(d);
+            true
+        });
+        if !c.counter {
+            return;
+        }
+        for _ in 0..50 {
+            let t = ticks();
+            let before = c.to_ns(t);
+            std::thread::sleep(std::time::Duration::from_micros(300));
+            c.refresh();
+            let after = c.to_ns(t);
+            assert!(after.abs_diff(before) <= 1_000, "a refresh moved a converted tick by {} ns", after as i64 - before as i64);
+        }
+        let n = monotonic_ns();
+        assert!(c.to_ns(ticks()).abs_diff(n) < 2_000_000);
     }
 }

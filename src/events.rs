@@ -4,7 +4,8 @@
 //! Each thread appends fixed-size records to its own single-producer ring, which the writer
 //! drains every few milliseconds. So the allocating thread does no I/O, no formatting, takes no
 //! lock, never allocates, and touches no cache line that other allocating threads write. A full
-//! ring drops the record and counts it.
+//! ring drops the record and counts it; in lossless mode (`VRAMCAP_TRACE_MODE=lossless`) the
+//! thread waits for the writer instead, as long as there is a writer to wait for.
 //!
 //! Sequence numbers are given by the writer, not taken by the allocating thread: a shared counter
 //! would cost every event a locked read-modify-write on one cache line that all threads fight
@@ -69,9 +70,14 @@ pub struct Event {
     pub result: CUresult,
     /// Time spent in the real driver call, in clock ticks ([`crate::clock`]); 0 for a deny.
     pub dur: u64,
-    /// The device's charge after the call.
+    /// This process's charge on the device after the call.
     pub used: u64,
+    /// The group's charge on the device after the call ([`NO_GROUP`]: not a group member, or the
+    /// group does not cap this device).
+    pub group_used: u64,
 }
+
+pub const NO_GROUP: u64 = u64::MAX;
 
 /// An event as the writer handles it: stamped with its time and thread, numbered by [`number`].
 #[derive(Clone, Copy, Debug)]
@@ -85,15 +91,59 @@ pub struct Record {
     pub ev: Event,
 }
 
-/// An event as buffered in a thread's ring: a [`Record`] without its number, exactly one cache
-/// line (so a push writes one line, never two).
+/// An event as buffered in a thread's ring: a [`Record`] without its number, packed into
+/// exactly one cache line (so a push writes one line, never two).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Pushed {
     at: u64,
+    ptr: u64,
+    size: u64,
+    dur: u64,
+    used: u64,
+    group_used: u64,
     tid: u32,
+    result: CUresult,
     lost_before: u32,
-    ev: Event,
+    api: Hook,
+    /// Device ordinals are below `ledger::MAX_DEVICES` (64), or -1.
+    dev: i8,
+    op: Op,
+}
+
+impl Pushed {
+    #[inline(always)]
+    fn pack(at: u64, tid: u32, lost_before: u32, e: Event) -> Pushed {
+        Pushed {
+            at,
+            ptr: e.ptr,
+            size: e.size,
+            dur: e.dur,
+            used: e.used,
+            group_used: e.group_used,
+            tid,
+            result: e.result,
+            dev: e.dev.clamp(-1, i8::MAX as i32) as i8,
+            api: e.api,
+            lost_before,
+            op: e.op,
+        }
+    }
+
+    fn unpack(&self) -> Record {
+        let ev = Event {
+            op: self.op,
+            api: self.api,
+            dev: self.dev as i32,
+            ptr: self.ptr,
+            size: self.size,
+            result: self.result,
+            dur: self.dur,
+            used: self.used,
+            group_used: self.group_used,
+        };
+        Record { seq: 0, at: self.at, tid: self.tid, lost_before: self.lost_before, ev }
+    }
 }
 
 /// Records per thread ring: at 1 M events/s from one thread the writer has 16 ms to come by.
@@ -137,9 +187,10 @@ impl ThreadBuf {
         }
     }
 
-    /// Producer side (only the owning thread). False when full.
+    /// Producer side (only the owning thread). False when full (after waiting for room, when
+    /// `wait` says to).
     #[inline(always)]
-    fn push(&self, tid: u32, ev: Event, at: u64) -> bool {
+    fn push(&self, tid: u32, ev: Event, at: u64, wait: bool) -> bool {
         let h = self.head.0.load(Ordering::Relaxed);
         // Only the owning thread touches these.
         let (tail_seen, reported) = unsafe { (&mut *self.tail_seen.get(), &mut *self.reported.get()) };
@@ -147,14 +198,14 @@ impl ThreadBuf {
         // at every drain.
         if h.wrapping_sub(*tail_seen) >= THREAD_CAPACITY {
             *tail_seen = self.tail.0.load(Ordering::Acquire);
-            if h.wrapping_sub(*tail_seen) >= THREAD_CAPACITY {
+            if h.wrapping_sub(*tail_seen) >= THREAD_CAPACITY && !(wait && self.wait_for_room(h, tail_seen)) {
                 self.dropped.store(self.dropped.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                 return false;
             }
         }
         let lost = (self.dropped.load(Ordering::Relaxed) - *reported).min(u32::MAX as u64);
         *reported += lost;
-        unsafe { (*self.slots[h % THREAD_CAPACITY].get()).write(Pushed { at, tid, lost_before: lost as u32, ev }) };
+        unsafe { (*self.slots[h % THREAD_CAPACITY].get()).write(Pushed::pack(at, tid, lost as u32, ev)) };
         self.head.0.store(h.wrapping_add(1), Ordering::Release);
         // The writer read the next slot's line a lap ago, so writing it means taking the line
         // back from the writer's core. Ask for it now: the transfer overlaps whatever the
@@ -162,6 +213,25 @@ impl ThreadBuf {
         // locked instruction behind a pending store.
         prefetch_for_write(self.slots[h.wrapping_add(1) % THREAD_CAPACITY].get().cast());
         true
+    }
+
+    /// Lossless mode, ring full: waits until the writer has taken records (true), or until there
+    /// is no writer left to take them (false: the process is exiting, or the writer never ran).
+    /// Sleeps rather than spins: the writer needs the CPU this thread would burn.
+    #[cold]
+    #[inline(never)]
+    fn wait_for_room(&self, h: usize, tail_seen: &mut usize) -> bool {
+        let mut nap = 20_000;
+        while WRITER_LIVE.load(Ordering::Acquire) {
+            let ts = libc::timespec { tv_sec: 0, tv_nsec: nap };
+            unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+            nap = (nap * 2).min(1_000_000);
+            *tail_seen = self.tail.0.load(Ordering::Acquire);
+            if h.wrapping_sub(*tail_seen) < THREAD_CAPACITY {
+                return true;
+            }
+        }
+        false
     }
 
     /// Consumer side (only the writer): appends everything published so far to `into`, not yet
@@ -172,7 +242,7 @@ impl ThreadBuf {
         let mut i = t;
         while i != h {
             let p = unsafe { (*self.slots[i % THREAD_CAPACITY].get()).assume_init() };
-            into.push(Record { seq: 0, at: p.at, tid: p.tid, lost_before: p.lost_before, ev: p.ev });
+            into.push(p.unpack());
             i = i.wrapping_add(1);
         }
         self.tail.0.store(h, Ordering::Release);
@@ -195,6 +265,10 @@ fn prefetch_for_write(p: *const u8) {
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// `VRAMCAP_TRACE_MODE=lossless`: a full ring makes the thread wait instead of dropping.
+static LOSSLESS: AtomicBool = AtomicBool::new(false);
+/// A writer is running (or starting) and will drain the rings: what a lossless wait waits for.
+static WRITER_LIVE: AtomicBool = AtomicBool::new(false);
 static BUFFERS: Lock<Vec<&'static ThreadBuf>> = Lock::new(Vec::new());
 static WRITER_STARTED: AtomicBool = AtomicBool::new(false);
 /// Events the writer could not deliver (a failed write, nowhere to write). Those lost in a full
@@ -216,12 +290,26 @@ pub fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
 }
 
+pub fn set_lossless(on: bool) {
+    LOSSLESS.store(on, Ordering::Relaxed);
+}
+
+pub fn lossless() -> bool {
+    LOSSLESS.load(Ordering::Relaxed)
+}
+
+/// Set by the trace module: true once a writer is started, false when it has drained for the
+/// last time (from then on a lossless wait would never end).
+pub fn set_writer_live(on: bool) {
+    WRITER_LIVE.store(on, Ordering::Release);
+}
+
 /// Hands an event to the writer: never blocks, never allocates after the thread's first event.
 /// `at` is the tick at which the call returned.
 #[inline(always)]
 pub fn emit(ev: Event, at: u64) {
     let Some(me) = me() else { return };
-    unsafe { &*me.buf }.push(me.tid, ev, at);
+    unsafe { &*me.buf }.push(me.tid, ev, at, LOSSLESS.load(Ordering::Relaxed));
 }
 
 /// Events lost in full rings, over every ring ever handed out.
@@ -312,9 +400,15 @@ fn me() -> Option<Me> {
 
 #[cold]
 fn acquire(generation: u32) -> Option<Me> {
-    if !WRITER_STARTED.swap(true, Ordering::AcqRel) && !crate::trace::spawn_writer() {
-        set_enabled(false);
-        return None;
+    if !WRITER_STARTED.swap(true, Ordering::AcqRel) {
+        // Live from now on, before the thread exists: other threads' rings can fill while this
+        // one is still starting it, and a lossless thread must wait for it, not drop.
+        set_writer_live(true);
+        if !crate::trace::spawn_writer() {
+            set_writer_live(false);
+            set_enabled(false);
+            return None;
+        }
     }
     let buf = {
         let mut all = BUFFERS.lock();
@@ -343,6 +437,7 @@ pub fn after_fork_child() {
     BUFFERS.reset_in_child();
     std::mem::forget(std::mem::take(&mut *BUFFERS.lock()));
     WRITER_STARTED.store(false, Ordering::Release);
+    WRITER_LIVE.store(false, Ordering::Release);
     NEXT_SEQ.store(0, Ordering::Relaxed);
     GAPS.store(0, Ordering::Relaxed);
     DROPPED.store(0, Ordering::Relaxed);
@@ -353,7 +448,7 @@ mod tests {
     use super::*;
 
     fn rec(tid: u32, at: u64, lost_before: u32) -> Record {
-        let ev = Event { op: Op::Alloc, api: Hook::cuMemAlloc_v2, dev: 0, ptr: 0, size: 0, result: 0, dur: 0, used: 0 };
+        let ev = Event { op: Op::Alloc, api: Hook::cuMemAlloc_v2, dev: 0, ptr: 0, size: 0, result: 0, dur: 0, used: 0, group_used: NO_GROUP };
         Record { seq: u64::MAX, at, tid, lost_before, ev }
     }
 
@@ -375,10 +470,10 @@ mod tests {
         let b = ThreadBuf::new();
         let ev = rec(0, 0, 0).ev;
         for i in 0..THREAD_CAPACITY as u64 {
-            assert!(b.push(7, ev, i));
+            assert!(b.push(7, ev, i, false));
         }
         for _ in 0..3 {
-            assert!(!b.push(7, ev, 0), "full: dropped, never waited for");
+            assert!(!b.push(7, ev, 0, false), "full: dropped, never waited for");
         }
         assert_eq!(b.dropped.load(Ordering::Relaxed), 3);
         let mut out = Vec::new();
@@ -387,9 +482,47 @@ mod tests {
         assert!(out.iter().enumerate().all(|(i, r)| r.at == i as u64 && r.lost_before == 0 && r.tid == 7));
         out.clear();
         // Room again: the first record after the drops says how many came before it, once.
-        assert!(b.push(7, ev, 1000) && b.push(7, ev, 1001));
+        assert!(b.push(7, ev, 1000, false) && b.push(7, ev, 1001, false));
         b.drain(&mut out);
         let lost: Vec<u32> = out.iter().map(|r| r.lost_before).collect();
         assert_eq!(lost, [3, 0]);
+    }
+}
+
+#[cfg(test)]
+mod lossless_tests {
+    use super::*;
+
+    /// Lossless: a full ring waits for the consumer and loses nothing.
+    #[test]
+    fn a_full_ring_waits_for_the_writer_in_lossless_mode() {
+        let b: &'static ThreadBuf = Box::leak(Box::new(ThreadBuf::new()));
+        let ev = Event { op: Op::Alloc, api: Hook::cuMemAlloc_v2, dev: 0, ptr: 0, size: 0, result: 0, dur: 0, used: 0, group_used: NO_GROUP };
+        // No writer (exiting, or none started): dropped, never waited for in vain.
+        for i in 0..THREAD_CAPACITY as u64 {
+            assert!(b.push(7, ev, i, true));
+        }
+        assert!(!b.push(7, ev, 0, true));
+        assert_eq!(b.dropped.load(Ordering::Relaxed), 1);
+        b.drain(&mut Vec::new());
+        b.dropped.store(0, Ordering::Relaxed);
+        unsafe { *b.reported.get() = 0 };
+        set_writer_live(true);
+        let n = 3 * THREAD_CAPACITY as u64;
+        let consumer = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            while (got.len() as u64) < n {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                b.drain(&mut got);
+            }
+            got
+        });
+        for i in 0..n {
+            assert!(b.push(7, ev, i, true));
+        }
+        let got = consumer.join().unwrap();
+        set_writer_live(false);
+        assert_eq!(b.dropped.load(Ordering::Relaxed), 0);
+        assert!(got.iter().enumerate().all(|(i, r)| r.at == i as u64 && r.lost_before == 0));
     }
 }

@@ -49,6 +49,30 @@ const DENIAL_INTERVAL_NS: u64 = 1_000_000_000;
 static LAST_DENIAL_NS: AtomicU64 = AtomicU64::new(0);
 static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
 
+/// Holds a denial line back; the first time, arranges for one line at exit saying how many were
+/// never followed by a printed line that counted them.
+#[cold]
+fn suppress() {
+    SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+    static AT_EXIT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !AT_EXIT.swap(true, Ordering::AcqRel) {
+        extern "C" fn child() {
+            SUPPRESSED.store(0, Ordering::Relaxed);
+        }
+        unsafe {
+            libc::atexit(suppressed_at_exit);
+            libc::pthread_atfork(None, None, Some(child));
+        }
+    }
+}
+
+extern "C" fn suppressed_at_exit() {
+    let n = SUPPRESSED.swap(0, Ordering::Relaxed);
+    if n > 0 {
+        write_line(&format!("vramcap: {n} more denial(s) not shown (at most one denial line per second is printed)"));
+    }
+}
+
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
@@ -60,19 +84,38 @@ pub fn denied(api: &str, dev: usize, size: u64, used: u64, limit: u64) {
     denied_in(api, dev, size, used, limit, None)
 }
 
+/// Every denial per device, printed or not (the trace summary's `denied`).
+static DENIALS: [AtomicU64; crate::ledger::MAX_DEVICES] = [const { AtomicU64::new(0) }; crate::ledger::MAX_DEVICES];
+
+/// Denials on `dev` since the process started (a forked child counts its own from 0).
+pub fn denials(dev: usize) -> u64 {
+    DENIALS.get(dev).map_or(0, |d| d.load(Ordering::Relaxed))
+}
+
+/// In a forked child: its own denials, its own held-back lines (the parent reports its own).
+pub fn after_fork_child() {
+    for d in &DENIALS {
+        d.store(0, Ordering::Relaxed);
+    }
+    SUPPRESSED.store(0, Ordering::Relaxed);
+}
+
 /// [`denied`], naming the group whose budget refused (`used`/`limit` are then the group's).
 pub fn denied_in(api: &str, dev: usize, size: u64, used: u64, limit: u64, group: Option<&str>) {
+    if let Some(d) = DENIALS.get(dev) {
+        d.fetch_add(1, Ordering::Relaxed);
+    }
     if !enabled(Level::Warn) {
         return;
     }
     let now = monotonic_ns();
     let last = LAST_DENIAL_NS.load(Ordering::Relaxed);
     if last != 0 && now.saturating_sub(last) < DENIAL_INTERVAL_NS {
-        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+        suppress();
         return;
     }
     if LAST_DENIAL_NS.compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed).is_err() {
-        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+        suppress();
         return;
     }
     let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);

@@ -259,7 +259,12 @@ fn main() {
                 Format::MemoryViz => analysis::memviz::export(&traces, &output, window),
             }
         }
-        Cmd::Replay { limit, traces, stagger, json } => analysis::replay::run(&limit, &traces, &stagger, json),
+        // Exit status 0: they fit, 1: they do not, 2: an error (as grep and diff).
+        Cmd::Replay { limit, traces, stagger, json } => analysis::replay::run(&limit, &traces, &stagger, json).map(|fits| {
+            if !fits {
+                std::process::exit(1);
+            }
+        }),
         Cmd::Run(a) => cli::run::main(a),
         Cmd::Demo(a) => cli::demo::main(a),
         Cmd::Doctor(a) => cli::doctor::main(a),

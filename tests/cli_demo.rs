@@ -46,6 +46,10 @@ fn demo_runs_end_to_end_and_its_outputs_parse() {
     assert_eq!(root.trim(), "{http://www.w3.org/2000/svg}svg");
     let svg_text = std::fs::read_to_string(&svg).unwrap();
     assert!(svg_text.contains("denied") && svg_text.contains("cap"), "legend names the cap and the denial");
+    // ... and the leak at exit: the last step of the plot holds it, and the legend says it.
+    let held = format!("{:.1} MiB held at the end", leaked as f64 / MIB as f64);
+    assert!(svg_text.contains(&held), "the plot shows the leak at exit ({held})");
+    assert!(report_txt.contains(&format!("held at exit    {:.1} MiB", leaked as f64 / MIB as f64)), "{report_txt}");
 
     // The Perfetto export parses too.
     let chrome: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("trace.chrome.json")).unwrap()).unwrap();

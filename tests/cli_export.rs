@@ -113,6 +113,42 @@ print('\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('text')))
     }
 }
 
+/// The state at each trace's end is drawn and named (rank0 ends holding 1.5 GiB, rank1 1 GiB),
+/// tick labels carry no needless decimals, time is in seconds as the docs say, and the legend
+/// sits beside the data, not on it.
+#[test]
+fn plot_shows_the_end_state_plain_ticks_and_a_legend_beside_the_data() {
+    let dir = scratch("plot-end");
+    let out = dir.join("usage.svg");
+    ok(&["plot", &data("job_rank0.jsonl"), &data("job_rank1.jsonl"), "-o", out.to_str().unwrap()]);
+    let script = r#"
+import sys, re, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+right = 0.0
+for el in root.iter():
+    if el.tag.endswith('polygon') or el.tag.endswith('polyline'):
+        for p in el.get('points', '').split():
+            right = max(right, float(p.split(',')[0]))
+for t in root.iter():
+    if t.tag.endswith('text'):
+        print(f"{float(t.get('x')):.0f}|{(t.text or '').strip()}")
+print(f"RIGHT|{right:.0f}")
+"#;
+    let lines = python(script, &[out.to_str().unwrap()]);
+    let texts: Vec<(f64, &str)> = lines.lines().filter_map(|l| l.split_once('|')).map(|(x, t)| (x.parse().unwrap_or(0.0), t)).collect();
+    let right: f64 = lines.lines().find_map(|l| l.strip_prefix("RIGHT|")).unwrap().parse().unwrap();
+    let has = |want: &str| texts.iter().find(|t| t.1.contains(want)).unwrap_or_else(|| panic!("no {want:?} in {lines}"));
+    assert!(has("pid 100 (python3): 1.5 GiB at end").0 > right, "legend beside the data: {lines}");
+    has("pid 200 (python3): 1.0 GiB at end");
+    has("all: 2.5 GiB held at the end");
+    has("seconds since the first trace start");
+    for (_, t) in &texts {
+        if t.parse::<f64>().is_ok() {
+            assert!(!(t.contains('.') && t.ends_with('0')), "needless decimals in tick {t:?}");
+        }
+    }
+}
+
 /// Found by fuzzing (trace_reader): an event on device 1879048192 made the memory-viz export write
 /// one empty list per ordinal up to it and never finish; device -1 wrapped the count.
 #[test]

@@ -159,6 +159,28 @@ fn report_reads_every_trace_the_job_wrote() {
     assert!(!text(&out.stdout).contains("vramcap report"), "the job's stdout stays the job's");
 }
 
+/// Another job writing to the same template while this one runs is not in this job's report:
+/// only the traces of the job's own process tree are.
+#[test]
+fn report_reads_only_this_jobs_process_tree() {
+    let d = scratch("run-report-tree");
+    let tmpl = d.join("t-%p.jsonl").to_string_lossy().into_owned();
+    let other = common::Run::program(std::path::Path::new(&client("client_procaddr")))
+        .env("VRAMCAP_TRACE", &tmpl)
+        .args(["init ctx 0 alloc 64m sleep 1500"])
+        .spawn();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = run(&["run", "--limit", "1GiB", "--trace", &tmpl, "--report", "--", &client("client_procaddr"), "init", "ctx", "0", "alloc", "100m", "sleep", "2500"]);
+    other.finish();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    let files: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 2, "{files:?}");
+    let reported: Vec<_> = files.iter().filter(|f| err.contains(&*f.to_string_lossy())).collect();
+    assert_eq!(reported.len(), 1, "only this job's trace:\n{err}");
+    assert!(!err.contains("all processes") && err.contains("100.0 MiB"), "{err}");
+}
+
 #[test]
 fn report_without_trace_uses_a_temporary_one() {
     let out = run(&["run", "--limit", "1GiB", "--report", "--", &client("client_procaddr"), "init", "ctx", "0", "alloc", "2g"]);

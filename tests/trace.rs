@@ -365,6 +365,10 @@ fn a_stalled_reader_drops_events_and_seq_gaps_mark_them() {
     let (total, dropped) = (s["events"].as_u64().unwrap(), s["dropped"].as_u64().unwrap());
     assert_eq!(total, 400_000, "every call counted, written or not");
     assert!(dropped > 0, "a stalled reader must cost events: {s}");
+    // ... and the job's stderr says so once, at exit, with the numbers and the remedy.
+    let said: Vec<&str> = out.stderr.lines().filter(|l| l.contains("events did not reach")).collect();
+    assert_eq!(said.len(), 1, "{}", out.stderr);
+    assert!(said[0].contains(&format!("{dropped} of {total} events")) && said[0].contains("VRAMCAP_TRACE_MODE=lossless"), "{}", said[0]);
     let seqs: Vec<u64> = events(&t).iter().map(|e| e["seq"].as_u64().unwrap()).collect();
     assert_eq!(seqs.len() as u64 + dropped, total);
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "one thread's events in order");
@@ -539,4 +543,103 @@ fn a_symlink_or_file_of_another_user_at_the_trace_path_is_left_alone() {
 unsafe extern "C" {
     #[link_name = "geteuid"]
     fn libc_geteuid() -> u32;
+}
+
+/// A free in one thread and the re-allocation of its address in another: on the trace's clock
+/// the free comes first (it is stamped before its driver call, the allocation after its call
+/// returned), so ordering by `t_ns` never shows an address allocated twice or freed while free.
+#[test]
+fn a_free_is_stamped_before_the_reallocation_of_its_address() {
+    let dir = tmpdir("causal");
+    let path = dir.join("t.jsonl");
+    let (mut impossible, mut checked) = (0, 0);
+    for seed in 1..=2 {
+        let out = Run::client("client_procaddr")
+            .env("VRAMCAP_LIMIT", "15g")
+            .env("VRAMCAP_TRACE", &path)
+            // Every event, or the check below means nothing.
+            .env("VRAMCAP_TRACE_MODE", "lossless")
+            // The driver's free returns 200 us after the address is reusable, as a free that
+            // synchronizes does: the window in which the old stamping went wrong.
+            .env("FAKECUDA_FREE_DELAY_US", "200")
+            .args([format!("init ctx 0 threads 4 3000 4096 {seed}")])
+            .run();
+        out.ok();
+        let t = read_trace(&path);
+        assert_eq!(t.last().unwrap()["dropped"], 0, "this check needs every event");
+        let mut ev: Vec<(u64, u64, bool, u64)> = events(&t)
+            .iter()
+            .filter(|e| e["op"] == "alloc" || e["op"] == "free")
+            .map(|e| {
+                let ptr = u64::from_str_radix(e["ptr"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+                (e["t_ns"].as_u64().unwrap(), e["seq"].as_u64().unwrap(), e["op"] == "alloc", ptr)
+            })
+            .collect();
+        ev.sort();
+        let mut live = std::collections::HashSet::new();
+        for (_, _, alloc, ptr) in &ev {
+            let ok = if *alloc { live.insert(*ptr) } else { live.remove(ptr) };
+            impossible += !ok as u32;
+        }
+        checked += ev.len();
+    }
+    assert!(checked > 20_000, "{checked}");
+    assert_eq!(impossible, 0, "impossible orders among {checked} events");
+}
+
+/// Lossless mode: the same stalled reader makes the job wait instead of losing events; every
+/// event is written, in order, and nothing is said about drops.
+#[test]
+fn lossless_mode_waits_for_a_stalled_reader_and_keeps_every_event() {
+    use std::io::Read;
+    let dir = tmpdir("lossless");
+    let fifo = dir.join("t.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let reader_path = fifo.clone();
+    let reader = std::thread::spawn(move || {
+        let mut f = std::fs::File::open(&reader_path).unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let mut text = String::new();
+        f.read_to_string(&mut text).unwrap();
+        text
+    });
+    let out = Run::client("client_procaddr")
+        .env("VRAMCAP_LIMIT", "8g")
+        .env("VRAMCAP_TRACE", &fifo)
+        .env("VRAMCAP_TRACE_MODE", "lossless")
+        .args(["init ctx 0 benchmt 2 200000 256"])
+        .run();
+    out.ok();
+    let text = reader.join().unwrap();
+    let t: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let s = t.last().unwrap();
+    assert_eq!(s["type"], "summary", "the writer finished");
+    assert_eq!(s["dropped"], 0, "{s}");
+    let total = s["events"].as_u64().unwrap();
+    assert_eq!(total, 800_000);
+    let seqs: Vec<u64> = events(&t).iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (0..total).collect::<Vec<u64>>());
+    assert!(!out.stderr.contains("did not reach"), "{}", out.stderr);
+}
+
+/// Denial lines are limited to one per second: the ones held back are counted in one line at
+/// exit, and the trace's summary counts every denial per device.
+#[test]
+fn suppressed_denials_are_counted_at_exit_and_in_the_summary() {
+    let dir = tmpdir("denials");
+    let path = dir.join("t.jsonl");
+    let out = Run::client("client_procaddr")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("VRAMCAP_TRACE", &path)
+        .args(["init ctx 0 alloc 2g alloc 2g alloc 2g alloc 2g alloc 2g"])
+        .run();
+    out.ok();
+    assert_eq!(out.stderr.matches("vramcap: denied").count(), 1, "{}", out.stderr);
+    assert!(out.stderr.contains("vramcap: 4 more denial(s) not shown"), "{}", out.stderr);
+    let t = read_trace(&path);
+    assert_eq!(t.last().unwrap()["denied"]["0"], 5);
+    // Without a trace the exit line comes all the same.
+    let out = Run::client("client_procaddr").env("VRAMCAP_LIMIT", "1g").args(["init ctx 0 alloc 2g alloc 2g alloc 2g"]).run();
+    assert!(out.ok().stderr.contains("vramcap: 2 more denial(s) not shown"), "{}", out.stderr);
 }

@@ -116,6 +116,11 @@ impl Merged {
         Some((i, e, t))
     }
 
+    /// Trace i has no more events: its reader reached the end and nothing of it is pending.
+    pub fn finished(&self, i: usize) -> bool {
+        self.readers[i].at_end && self.pending[i].is_none()
+    }
+
     pub fn finish_progress(&self) {
         if let Some(pb) = &self.progress {
             pb.finish_and_clear();

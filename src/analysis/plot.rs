@@ -1,6 +1,10 @@
 //! `vramcap plot`: usage over time as an SVG (plotters). One panel per device; in each, the
 //! processes' charges stacked (the top edge is the device's combined usage), each process's cap
-//! as a red line, denials as red crosses.
+//! as a red line, a group's budget as a dashed one, denials as red crosses. Time is in seconds
+//! since the earliest trace start. The time axis runs to the end of the last trace (its exit, from
+//! the summary) and one more step shows each process's state at its end, so memory still held at
+//! exit stays visible even when the peak shares the last bucket. The legend sits beside the
+//! chart, never on the data.
 //!
 //! Streaming: usage is kept on a time grid of at most `MAX_BUCKETS` buckets per series (the max
 //! within each bucket, so peaks survive); when the trace outgrows the grid, buckets merge
@@ -114,6 +118,12 @@ pub fn plot(paths: &[PathBuf], out: &Path) -> Result<(), String> {
     }
     m.finish_progress();
     m.warn_input();
+    // Each trace's end: its exit from the summary when it has one.
+    for (i, r) in m.readers.iter().enumerate() {
+        if let Some(t) = r.summary.as_ref().and_then(|s| s.t_ns) {
+            last_t = last_t.max(m.base[i].saturating_add(t));
+        }
+    }
     draw(&m, &g, last_t, out).map_err(|e| format!("{}: cannot draw: {e}", out.display()))?;
     if g.dropped_marks > 0 {
         eprintln!("vramcap: {} more denials not marked (the plot marks the first {MAX_MARKS})", g.dropped_marks);
@@ -137,18 +147,15 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &Path) -> Result<(), Box<dyn std
     };
     let root = root.titled(&title, ("sans-serif", 22))?;
     let areas = root.split_evenly((panels, 1));
-    let n = (last_t / g.width) as usize + 1;
-    // Axis unit chosen so tick labels stay distinct for short traces too.
-    let span_ns = n as u64 * g.width;
-    let (unit_ns, unit) = match span_ns {
-        s if s < 10_000 => (1.0, "ns"),
-        s if s < 10_000_000 => (1e3, "us"),
-        s if s < 10_000_000_000 => (1e6, "ms"),
-        _ => (1e9, "s"),
-    };
+    // One step past the last trace's end: there every series holds its value at its end.
+    let end_bucket = (last_t / g.width) as usize + 1;
+    let n = end_bucket + (end_bucket / 40).max(1);
+    let unit_ns = 1e9;
     let secs = |b: usize| (b as u64 * g.width) as f64 / unit_ns;
-    let xmax = secs(n).max(1e-6);
+    let xmax = secs(n).max(1e-9);
     for (area, &dev) in areas.iter().zip(devs.iter()) {
+        let (area, legend_area) = area.split_horizontally(area.dim_in_pixel().0.saturating_sub(LEGEND_WIDTH));
+        let mut legend: Vec<(String, RGBColor, bool)> = Vec::new();
         let ks: Vec<usize> = (0..g.series.len()).filter(|&k| g.series[k].dev == dev).collect();
         // Stack: cumulative sums in series order.
         let mut stacked: Vec<Vec<u64>> = Vec::new();
@@ -164,36 +171,55 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &Path) -> Result<(), Box<dyn std
                 h.devices.iter().find(|d| d.index == dev).and_then(|d| d.limit).map(|l| (k, l))
             })
             .collect();
+        let group_caps: Vec<u64> = {
+            let mut v: Vec<u64> = ks
+                .iter()
+                .filter_map(|&k| m.readers[g.series[k].proc_idx].header.devices.iter().find(|d| d.index == dev).and_then(|d| d.group_limit))
+                .collect();
+            v.sort();
+            v.dedup();
+            v
+        };
         let top = stacked.last().and_then(|v| v.iter().max().copied()).unwrap_or(0);
-        let cap_max = caps.iter().map(|c| c.1).max().unwrap_or(0);
+        let cap_max = caps.iter().map(|c| c.1).chain(group_caps.iter().copied()).max().unwrap_or(0);
         let ymax = (top.max(cap_max) as f64 / GIB * 1.1).max(1e-3);
-        let mut chart = ChartBuilder::on(area)
+        let mut chart = ChartBuilder::on(&area)
             .caption(format!("GPU {dev}"), ("sans-serif", 18))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(70)
             .build_cartesian_2d(0f64..xmax, 0f64..ymax)?;
-        chart.configure_mesh().x_desc(format!("{unit} since the first trace start")).y_desc("GiB charged").draw()?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds since the first trace start")
+            .y_desc("GiB charged")
+            .x_label_formatter(&|v| tick(*v))
+            .y_label_formatter(&|v| tick(*v))
+            .draw()?;
         // Draw the tallest layer first so each lower layer paints over it.
         for (j, &k) in ks.iter().enumerate().rev() {
             let color = Palette99::pick(g.series[k].proc_idx);
             let h = &m.readers[g.series[k].proc_idx].header;
             // Steps, not slopes: each bucket holds its value for its whole width.
             let pts: Vec<(f64, f64)> = stacked[j].iter().enumerate().flat_map(|(b, v)| [(secs(b), *v as f64 / GIB), (secs(b + 1), *v as f64 / GIB)]).collect();
-            chart
-                .draw_series(AreaSeries::new(pts, 0.0, color.mix(0.45)).border_style(color.stroke_width(1)))?
-                .label(format!("pid {} ({})", h.pid, clean(&h.exe)))
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+            chart.draw_series(AreaSeries::new(pts, 0.0, color.mix(0.45)).border_style(color.stroke_width(1)))?;
+            let s = &g.series[k];
+            let c = color.to_rgba();
+            legend.push((format!("pid {} ({}): {} at end", h.pid, clean(&h.exe), crate::size::human(s.used)), RGBColor(c.0, c.1, c.2), false));
+        }
+        for &gc in &group_caps {
+            let y = gc as f64 / GIB;
+            chart.draw_series(DashedLineSeries::new(vec![(0.0, y), (xmax, y)], 8, 4, RED.stroke_width(2)))?;
+            let name = ks.iter().find_map(|&k| m.readers[g.series[k].proc_idx].header.group.clone()).unwrap_or_default();
+            legend.push((format!("group \"{}\" budget {}", clean(&name), crate::size::human(gc)), RED, true));
         }
         let mut same = caps.clone();
         same.dedup_by_key(|c| c.1);
         for (k, cap) in &same {
             let y = *cap as f64 / GIB;
             let label = if same.len() == 1 { "cap".to_string() } else { format!("cap pid {}", m.readers[g.series[*k].proc_idx].header.pid) };
-            chart
-                .draw_series(LineSeries::new(vec![(0.0, y), (xmax, y)], RED.stroke_width(2)))?
-                .label(label)
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 12, y)], RED.stroke_width(2)));
+            chart.draw_series(LineSeries::new(vec![(0.0, y), (xmax, y)], RED.stroke_width(2)))?;
+            legend.push((format!("{label} {}", crate::size::human(*cap)), RED, true));
         }
         let marks: Vec<(f64, f64)> = g
             .marks
@@ -205,15 +231,45 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &Path) -> Result<(), Box<dyn std
             })
             .collect();
         if !marks.is_empty() {
-            chart
-                .draw_series(marks.into_iter().map(|p| Cross::new(p, 5, RED.stroke_width(2))))?
-                .label("denied")
-                .legend(|(x, y)| Cross::new((x + 6, y), 4, RED.stroke_width(2)));
+            chart.draw_series(marks.into_iter().map(|p| Cross::new(p, 5, RED.stroke_width(2))))?;
+            legend.push(("denied".into(), RED, false));
         }
-        chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
+        if let Some(end) = stacked.last().map(|v| v[n - 1]) {
+            legend.push((format!("all: {} held at the end", crate::size::human(end)), BLACK, false));
+        }
+        draw_legend(&legend_area, &legend)?;
     }
     root.present()?;
     Ok(())
+}
+
+const LEGEND_WIDTH: u32 = 300;
+
+/// The legend, in its own column to the right of the chart: a swatch (a line for caps) and a label.
+fn draw_legend<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, items: &[(String, RGBColor, bool)]) -> Result<(), Box<dyn std::error::Error>>
+where
+    DB::ErrorType: 'static,
+{
+    for (i, (label, color, line)) in items.iter().enumerate() {
+        let y = 50 + 22 * i as i32;
+        if *line {
+            area.draw(&PathElement::new(vec![(8, y), (24, y)], color.stroke_width(2)))?;
+        } else {
+            area.draw(&Rectangle::new([(8, y - 6), (24, y + 6)], color.mix(0.6).filled()))?;
+        }
+        area.draw(&Text::new(label.clone(), (32, y - 7), ("sans-serif", 13)))?;
+    }
+    Ok(())
+}
+
+/// A tick label without needless decimals: 0, 0.5, 1.25, 2 (at most 6 significant decimals).
+fn tick(v: f64) -> String {
+    if v == 0.0 {
+        return "0".into();
+    }
+    let s = format!("{v:.6}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" { "0".into() } else { s.to_string() }
 }
 
 #[cfg(test)]
@@ -230,5 +286,10 @@ mod tests {
         assert_eq!(g.filled(0, 5), vec![100, 20, 20, 30, 30]);
         g.coarsen(); // [0,1] [2,3] [4]
         assert_eq!(g.filled(0, 3), vec![100, 30, 30]);
+    }
+
+    #[test]
+    fn tick_labels_have_no_needless_decimals() {
+        assert_eq!([tick(0.0), tick(0.5), tick(2.0), tick(1.25), tick(0.000123)], ["0", "0.5", "2", "1.25", "0.000123"]);
     }
 }

@@ -48,6 +48,20 @@ fn limit_of(r: &Report, proc_idx: usize, dev: i32) -> (Option<u64>, Option<u64>)
     h.devices.iter().find(|d| d.index == dev).map(|d| (d.limit, Some(d.total))).unwrap_or((None, None))
 }
 
+/// The group's budget on `dev` for a group member (header, else its summary).
+fn group_limit_of(r: &Report, proc_idx: usize, dev: i32) -> Option<u64> {
+    let rd = &r.merged.readers[proc_idx];
+    rd.header.devices.iter().find(|d| d.index == dev).and_then(|d| d.group_limit).or_else(|| {
+        rd.summary.as_ref()?.group.as_ref()?.limit.get(&dev.to_string()).copied()
+    })
+}
+
+/// The trace's word on what was held at exit (`None`: no summary) and how many events it lost.
+fn exit_truth(r: &Report, proc_idx: usize, dev: i32) -> (Option<u64>, u64) {
+    let s = r.merged.readers[proc_idx].summary.as_ref();
+    (s.and_then(|s| s.used_at_exit(dev)), s.map_or(0, |s| s.dropped))
+}
+
 fn hist_json(d: &DevStats) -> (Value, Value) {
     let sizes: Vec<Value> = (0..64)
         .filter(|&b| d.size_hist[b] > 0)
@@ -79,6 +93,7 @@ pub fn to_json(r: &Report) -> Value {
                 .iter()
                 .map(|d| {
                     let (limit, total) = limit_of(r, i, d.index);
+                    let (held_at_exit, dropped) = exit_truth(r, i, d.index);
                     let (sizes, lives) = hist_json(d);
                     let leaks: Vec<Value> = d
                         .largest_leaks(10)
@@ -93,6 +108,9 @@ pub fn to_json(r: &Report) -> Value {
                         "other_events": d.other, "unmatched_frees": d.unmatched_frees,
                         "allocated_bytes": d.alloc_bytes, "used_at_end": d.used,
                         "limit": limit, "total": total,
+                        "group_limit": group_limit_of(r, i, d.index),
+                        "held_at_exit": held_at_exit, "leaks_complete": dropped == 0,
+                        "denied_total": r.merged.readers[i].summary.as_ref().and_then(|s| s.denied.as_ref()?.get(&d.index.to_string()).copied()),
                         "driver_ns": {"alloc": d.driver_ns[0], "free": d.driver_ns[1], "fail": d.driver_ns[2], "other": d.driver_ns[3]},
                         "largest_leaks": leaks,
                         "denials": incident_json(names, &d.denials), "failures": incident_json(names, &d.failures),
@@ -132,12 +150,23 @@ pub fn to_text(r: &Report) -> String {
         }
         for d in &p.devices {
             let (limit, _) = limit_of(r, i, d.index);
-            let cap = limit.map(|l| format!(", cap {}", human(l))).unwrap_or_default();
+            let mut cap = limit.map(|l| format!(", cap {}", human(l))).unwrap_or_default();
+            if let Some(g) = group_limit_of(r, i, d.index) {
+                let name = h.group.as_deref().unwrap_or("?");
+                let _ = write!(cap, ", group \"{name}\" budget {}", human(g));
+            }
+            let (held_at_exit, dropped) = exit_truth(r, i, d.index);
             let dev = if d.index < 0 { "no device".to_string() } else { format!("device {}", d.index) };
             let _ = writeln!(o, "  {dev}{cap}");
             let _ = writeln!(o, "    peak            {} at t={}", human(d.peak), secs(d.peak_t_ns));
             let _ = writeln!(o, "    allocations     {} ({} total), frees {}, other events {}", d.allocs, human(d.alloc_bytes), d.frees, d.other);
-            let _ = writeln!(o, "    held at end     {} in {} allocation(s)", human(d.leaked_bytes()), d.live.len());
+            if let Some(held) = held_at_exit {
+                let _ = writeln!(o, "    held at exit    {} (the process's own count, from its summary)", human(held));
+            }
+            let _ = writeln!(o, "    held at end     {} in {} allocation(s) traced", human(d.leaked_bytes()), d.live.len());
+            if dropped > 0 {
+                let _ = writeln!(o, "      incomplete: {dropped} event(s) were dropped, so this list may miss frees and allocations (trust the line above; VRAMCAP_TRACE_MODE=lossless keeps every event)");
+            }
             for (ptr, l) in d.largest_leaks(5) {
                 let _ = writeln!(o, "      {:>10}  {}  {ptr:#x}  allocated at t={}", human(l.size), names.get(l.api), secs(l.t_ns));
             }

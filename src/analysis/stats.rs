@@ -78,6 +78,9 @@ pub struct DevStats {
     pub denials: Vec<Incident>,
     pub failures: Vec<Incident>,
     pub live: PtrMap<Live>,
+    /// Allocations whose address was handed out again before their free appeared in the file:
+    /// the free may still come (written after the re-allocation, stamped before it).
+    pub shadowed: PtrMap<Live>,
 }
 
 impl DevStats {
@@ -100,6 +103,7 @@ impl DevStats {
             denials: Vec::new(),
             failures: Vec::new(),
             live: PtrMap::default(),
+            shadowed: PtrMap::default(),
         }
     }
 
@@ -113,13 +117,23 @@ impl DevStats {
                 self.size_hist[63 - e.size.max(1).leading_zeros() as usize] += 1;
                 self.driver_ns[0] += e.dur_ns;
                 self.used = next_used(self.used, e);
-                self.live.insert(e.ptr, Live { size: e.size, t_ns: e.t_ns, api: e.api });
+                if let Some(old) = self.live.insert(e.ptr, Live { size: e.size, t_ns: e.t_ns, api: e.api }) {
+                    // The address is in use again, so the old allocation was freed: its free
+                    // was dropped, or comes later in the file (see `Op::Free`).
+                    self.shadowed.insert(e.ptr, old);
+                }
             }
             Op::Free => {
                 self.frees += 1;
                 self.driver_ns[1] += e.dur_ns;
                 self.used = next_used(self.used, e);
-                match self.live.remove(&e.ptr) {
+                // A free stamped before the allocation now live at its address belongs to the
+                // earlier allocation there (frees are stamped before their driver call, so a
+                // free and the re-allocation of its address are in time order, not always in
+                // file order).
+                let earlier = self.live.get(&e.ptr).is_some_and(|l| l.t_ns > e.t_ns) && self.shadowed.contains_key(&e.ptr);
+                let found = if earlier { self.shadowed.remove(&e.ptr) } else { self.live.remove(&e.ptr) };
+                match found {
                     Some(l) => {
                         let life = e.t_ns.saturating_sub(l.t_ns);
                         let b = LIFETIME_BOUNDS.iter().position(|(ub, _)| life < *ub).unwrap_or(LIFETIME_BOUNDS.len());
@@ -224,5 +238,31 @@ impl Combined {
             self.peak = self.used;
             self.peak_t = t;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(t_ns: u64, op: Op, ptr: u64, size: u64) -> Event {
+        Event { seq: 0, t_ns, tid: 1, op, op_name: 0, api: 0, dev: 0, ptr, size, result: 0, dur_ns: 0, used: None }
+    }
+
+    /// A free written after the re-allocation of its address, but stamped before it, belongs to
+    /// the earlier allocation: no spurious "free without a traced allocation", no false leak.
+    #[test]
+    fn a_free_written_after_the_reallocation_of_its_address_matches_the_earlier_allocation() {
+        let mut d = DevStats::new(0);
+        for e in [ev(10, Op::Alloc, 0x1000, 100), ev(30, Op::Alloc, 0x1000, 200), ev(20, Op::Free, 0x1000, 100), ev(40, Op::Free, 0x1000, 200)] {
+            d.apply(&e);
+        }
+        assert_eq!((d.frees, d.unmatched_frees, d.live.len(), d.used), (2, 0, 0, 0));
+        // The same in file order works as before.
+        let mut d = DevStats::new(0);
+        for e in [ev(10, Op::Alloc, 0x1000, 100), ev(20, Op::Free, 0x1000, 100), ev(30, Op::Alloc, 0x1000, 200)] {
+            d.apply(&e);
+        }
+        assert_eq!((d.unmatched_frees, d.leaked_bytes()), (0, 200));
     }
 }

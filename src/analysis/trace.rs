@@ -44,6 +44,9 @@ pub struct DeviceInfo {
     pub total: u64,
     #[serde(default)]
     pub limit: Option<u64>,
+    /// The group's budget on this device (group members).
+    #[serde(default)]
+    pub group_limit: Option<u64>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -63,8 +66,30 @@ pub struct Header {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct Summary {
+    /// When the process exited (traces from before this field: `None`).
+    #[serde(default)]
+    pub t_ns: Option<u64>,
     #[serde(default)]
     pub dropped: u64,
+    /// Per device (ordinal as a string): the charge at exit, the truth even when events dropped.
+    #[serde(default)]
+    pub used: std::collections::BTreeMap<String, u64>,
+    #[serde(default)]
+    pub denied: Option<std::collections::BTreeMap<String, u64>>,
+    #[serde(default)]
+    pub group: Option<GroupSummary>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct GroupSummary {
+    #[serde(default)]
+    pub limit: std::collections::BTreeMap<String, u64>,
+}
+
+impl Summary {
+    pub fn used_at_exit(&self, dev: i32) -> Option<u64> {
+        self.used.get(&dev.to_string()).copied()
+    }
 }
 
 /// Interned strings (api and op names): a handful of distinct values across millions of lines.

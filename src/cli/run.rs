@@ -224,7 +224,7 @@ pub fn main(a: RunArgs) -> Result<(), String> {
     }
     let status = child.wait().map_err(|e| format!("waiting for the command: {e}"))?;
     if let Some(t) = trace.as_deref().filter(|_| a.report) {
-        print_report(t, started, tmp.is_some());
+        print_report(t, started, tmp.is_some(), child.id());
     }
     if let Some(d) = tmp {
         let _ = std::fs::remove_dir_all(d);
@@ -233,8 +233,9 @@ pub fn main(a: RunArgs) -> Result<(), String> {
 }
 
 /// The report goes to stderr: the job's stdout stays the job's.
-fn print_report(template: &str, since: std::time::SystemTime, temporary: bool) {
-    let files = match traces::find(template, since) {
+/// Only this job's traces: written since it started, by its process or its descendants.
+fn print_report(template: &str, since: std::time::SystemTime, temporary: bool, root: u32) {
+    let files = match traces::find(template, since).map(|f| traces::of_tree(f, root)) {
         Ok(f) if !f.is_empty() => f,
         Ok(_) => {
             eprintln!("vramcap run: --report: no trace matching {template} was written (did the command use CUDA?)");

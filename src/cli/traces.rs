@@ -86,9 +86,58 @@ pub fn find(template: &str, since: SystemTime) -> Result<Vec<PathBuf>, String> {
     Ok(out)
 }
 
+/// The pid and parent pid in a trace's header (its first line), if it has one.
+fn header_ids(path: &Path) -> Option<(u32, u32)> {
+    use std::io::{BufRead, Read};
+    let f = std::fs::File::open(path).ok()?;
+    let mut first = String::new();
+    std::io::BufReader::new(f.take(1 << 20)).read_line(&mut first).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&first).ok()?;
+    (v.get("type")?.as_str()? == "header").then_some(())?;
+    Some((u32::try_from(v.get("pid")?.as_u64()?).ok()?, u32::try_from(v.get("ppid")?.as_u64()?).ok()?))
+}
+
+/// Of `files`, those written by `root` and its descendants (by the pid and parent pid in their
+/// headers): another job writing to the same template at the same time is not this job.
+pub fn of_tree(files: Vec<PathBuf>, root: u32) -> Vec<PathBuf> {
+    let ids: Vec<Option<(u32, u32)>> = files.iter().map(|f| header_ids(f)).collect();
+    let mut tree = std::collections::BTreeSet::from([root]);
+    // Parents appear before children in no particular file order: grow to a fixed point.
+    loop {
+        let before = tree.len();
+        for &(pid, ppid) in ids.iter().flatten() {
+            if tree.contains(&ppid) {
+                tree.insert(pid);
+            }
+        }
+        if tree.len() == before {
+            break;
+        }
+    }
+    files.into_iter().zip(ids).filter(|(_, id)| id.is_some_and(|(pid, _)| tree.contains(&pid))).map(|(f, _)| f).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn of_tree_keeps_the_job_and_its_descendants_only() {
+        let d = std::env::temp_dir().join(format!("vramcap-traces-tree-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let mut files = Vec::new();
+        // 300 is a grandchild listed before its parent 200; 900 belongs to another job.
+        for (pid, ppid) in [(300, 200), (100, 50), (200, 100), (900, 1), (901, 900)] {
+            let f = d.join(format!("t-{pid}.jsonl"));
+            std::fs::write(&f, format!("{{\"type\":\"header\",\"version\":1,\"pid\":{pid},\"ppid\":{ppid}}}\n")).unwrap();
+            files.push(f);
+        }
+        let mut kept: Vec<String> = of_tree(files, 100).iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        kept.sort();
+        assert_eq!(kept, ["t-100.jsonl", "t-200.jsonl", "t-300.jsonl"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     #[test]
     fn placeholders_match_what_the_writer_expands() {

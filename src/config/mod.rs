@@ -36,6 +36,9 @@ pub struct Config {
     pub trace: Option<String>,
     /// `VRAMCAP_SIDECAR`: Unix socket of the node's sidecar to stream events to.
     pub sidecar: Option<String>,
+    /// `VRAMCAP_TRACE_MODE=lossless`: a thread whose event ring is full waits for the writer
+    /// instead of dropping the event (`drop`, the default, never makes the job wait).
+    pub lossless: bool,
     /// Set when any input was invalid: we then fail closed (nothing is handed out uncapped).
     pub error: Option<ConfigError>,
     /// Non-fatal problems to print once.
@@ -91,7 +94,21 @@ impl Config {
         let real_libcuda = get("VRAMCAP_REAL_LIBCUDA").filter(|v| !v.trim().is_empty()).map(str::to_string);
         let trace = get("VRAMCAP_TRACE").filter(|v| !v.trim().is_empty()).map(str::to_string);
         let sidecar = get("VRAMCAP_SIDECAR").filter(|v| !v.trim().is_empty()).map(str::to_string);
-        Config { disabled, log_level, limits, group, real_libcuda, trace, sidecar, error, warnings, ceiling: None }
+        let lossless = match get("VRAMCAP_TRACE_MODE").map(|v| v.trim().to_ascii_lowercase()) {
+            None => false,
+            Some(v) => match v.as_str() {
+                "" | "drop" => false,
+                "lossless" => true,
+                _ => {
+                    // Only the trace's completeness is at stake, never the cap: warn, keep going.
+                    warnings.push(format!(
+                        "ignoring VRAMCAP_TRACE_MODE={v:?}: expected drop (the default) or lossless; using drop"
+                    ));
+                    false
+                }
+            },
+        };
+        Config { disabled, log_level, limits, group, real_libcuda, trace, sidecar, lossless, error, warnings, ceiling: None }
     }
 
     /// What a panicking parse leaves: an error, so CUDA initialisation fails instead of running
@@ -178,6 +195,16 @@ mod tests {
         let c = cfg(&[("VRAMCAP_LOG", "loud")]);
         assert_eq!(c.log_level, Level::Warn);
         assert_eq!(c.warnings.len(), 1);
+    }
+
+    #[test]
+    fn trace_mode() {
+        assert!(!cfg(&[]).lossless);
+        assert!(cfg(&[("VRAMCAP_TRACE_MODE", " Lossless ")]).lossless);
+        assert!(!cfg(&[("VRAMCAP_TRACE_MODE", "drop")]).lossless);
+        let c = cfg(&[("VRAMCAP_TRACE_MODE", "lossy")]);
+        assert!(!c.lossless && c.error.is_none());
+        assert!(c.warnings[0].contains("VRAMCAP_TRACE_MODE"), "{:?}", c.warnings);
     }
 
     #[test]

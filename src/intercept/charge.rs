@@ -48,7 +48,8 @@ fn plan(api: Hook, target: Target, size: u64) -> Plan {
         Err(d) => {
             let scope = if d.group { crate::group::name() } else { None };
             crate::log::denied_in(crate::hooks::info(api).name, dev, size, d.used, d.limit, scope);
-            Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, d.used)
+            // The event's `used` is this process's charge, even when the group's budget refused.
+            Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, ledger::used(dev))
         }
     }
 }
@@ -161,7 +162,11 @@ pub fn free(api: Hook, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) ->
         return call();
     }
     let taken = guarded(None, || ledger::take(kind, key));
+    // Stamped when the call began (an allocation is stamped when its call returned): once the
+    // driver has the free, another thread can be handed the same address, and that allocation's
+    // event must not come out earlier than this free.
     let t = timed(call);
+    let t = Timed { at: t.at.saturating_sub(t.dur), ..t };
     guarded((), || match taken {
         Some(c) if t.rc == CUDA_SUCCESS => {
             if kind.charged() {
@@ -186,7 +191,12 @@ pub fn free(api: Hook, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) ->
 #[inline(always)]
 pub fn emit(op: Op, api: Hook, dev: i32, ptr: u64, size: u64, t: Timed, used: u64) {
     if events::enabled() {
-        record(Event { op, api, dev, ptr, size, result: t.rc, dur: t.dur, used }, t.at);
+        let group_used = if dev >= 0 && crate::group::active() {
+            crate::group::view(dev as usize).map_or(events::NO_GROUP, |(_, used)| used)
+        } else {
+            events::NO_GROUP
+        };
+        record(Event { op, api, dev, ptr, size, result: t.rc, dur: t.dur, used, group_used }, t.at);
     }
 }
 

@@ -68,10 +68,12 @@ pub fn render(r: &Registry) -> String {
     let _ = writeln!(out, "vramcap_group_reclaimed_bytes_total {}", super::reclaim::RECLAIMED_BYTES.load(std::sync::atomic::Ordering::Relaxed));
 
     type Pick = fn(&super::state::Device) -> Option<u64>;
-    let gauges: [(&str, &str, Pick); 3] = [
+    let gauges: [(&str, &str, Pick); 5] = [
         ("vramcap_memory_used_bytes", "Device memory charged to the process now.", |d| Some(d.used)),
         ("vramcap_memory_limit_bytes", "The process's cap on the device (absent when uncapped).", |d| d.limit),
         ("vramcap_memory_peak_bytes", "Highest charge of the process on the device.", |d| Some(d.peak)),
+        ("vramcap_group_memory_limit_bytes", "The budget of the process's group on the device (group members only).", |d| d.group_limit),
+        ("vramcap_group_memory_used_bytes", "All members of the process's group together on the device, as this member last saw it.", |d| d.group_used),
     ];
     for (name, help, pick) in gauges {
         family(&mut out, name, "gauge", help);
@@ -183,6 +185,21 @@ fn answer(mut s: TcpStream, registry: &Mutex<Registry>, deadline: Instant) -> st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A group member's budget and its group's charge are exported beside its own numbers.
+    #[test]
+    fn group_budgets_are_exported() {
+        let h = serde_json::json!({"type":"header","version":1,"pid":1,"exe":"py","group":"team",
+            "devices":[{"index":0,"total":10,"limit":null,"group_limit":1536}]});
+        let mut r = Registry::default();
+        let mut c = Client::from_header(99, 0, &h).unwrap();
+        c.apply(&serde_json::json!({"type":"event","op":"alloc","api":"cuMemAlloc_v2","dev":0,"used":256,"group_used":1280})).unwrap();
+        r.clients.insert(1, c);
+        let m = render(&r);
+        assert!(m.contains("vramcap_group_memory_limit_bytes{pid=\"99\",device=\"0\",exe=\"py\",group=\"team\"} 1536"), "{m}");
+        assert!(m.contains("vramcap_group_memory_used_bytes{pid=\"99\",device=\"0\",exe=\"py\",group=\"team\"} 1280"), "{m}");
+        assert!(m.contains("vramcap_memory_used_bytes{pid=\"99\",device=\"0\",exe=\"py\",group=\"team\"} 256"), "{m}");
+    }
 
     #[test]
     fn labels_are_escaped_and_pod_labels_appear_only_when_set() {

@@ -11,6 +11,9 @@ pub struct Device {
     pub limit: Option<u64>,
     pub peak: u64,
     pub denied: u64,
+    /// The group's budget and charge on the device (group members only).
+    pub group_limit: Option<u64>,
+    pub group_used: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -111,7 +114,9 @@ impl Client {
         if let Some(devs) = h.get("devices").and_then(Value::as_array) {
             for d in devs {
                 let i = device_index(d, "index")?;
-                c.devices.entry(i).or_default().limit = d.get("limit").and_then(Value::as_u64);
+                let dev = c.devices.entry(i).or_default();
+                dev.limit = d.get("limit").and_then(Value::as_u64);
+                dev.group_limit = d.get("group_limit").and_then(Value::as_u64);
             }
         }
         Ok(c)
@@ -143,6 +148,9 @@ impl Client {
         let d = self.devices.entry(dev as usize).or_default();
         d.used = used;
         d.peak = d.peak.max(used);
+        if let Some(g) = v.get("group_used").and_then(Value::as_u64) {
+            d.group_used = Some(g);
+        }
         match op {
             "alloc" => *self.allocations.entry((dev, api.to_string())).or_insert(0) += 1,
             "deny" => d.denied += 1,
@@ -163,6 +171,8 @@ impl Client {
             dev.peak = u64_field(d, "peak")?;
             dev.limit = d.get("limit").and_then(Value::as_u64);
             dev.denied = d.get("denied").and_then(Value::as_u64).unwrap_or(dev.denied);
+            dev.group_limit = d.get("group_limit").and_then(Value::as_u64).or(dev.group_limit);
+            dev.group_used = d.get("group_used").and_then(Value::as_u64).or(dev.group_used);
         }
         if let Some(allocs) = v.get("allocations").and_then(Value::as_array) {
             self.allocations.clear();
@@ -211,6 +221,7 @@ impl Client {
             "dropped": self.dropped,
             "devices": self.devices.iter().map(|(i, d)| json!({
                 "index": i, "used": d.used, "limit": d.limit, "peak": d.peak, "denied": d.denied,
+                "group_limit": d.group_limit, "group_used": d.group_used,
             })).collect::<Vec<_>>(),
             "allocations": self.allocations.iter().map(|((dev, api), n)| json!({
                 "dev": dev, "api": api, "count": n,
@@ -294,14 +305,14 @@ mod tests {
         c.apply(&ev("alloc", 30)).unwrap();
         c.apply(&ev("deny", 30)).unwrap();
         c.apply(&ev("free", 20)).unwrap();
-        assert_eq!(c.devices[&0], Device { used: 20, limit: Some(50), peak: 30, denied: 1 });
+        assert_eq!(c.devices[&0], Device { used: 20, limit: Some(50), peak: 30, denied: 1, ..Default::default() });
         assert_eq!(c.allocations[&(0, "cuMemAlloc_v2".to_string())], 2);
         c.apply(&line(
             r#"{"type":"usage","t_ns":5,"events":9,"dropped":3,"devices":[{"index":0,"used":40,"limit":50,"peak":45,"denied":2}],
                 "allocations":[{"dev":0,"api":"cuMemAlloc","count":5}]}"#,
         ))
         .unwrap();
-        assert_eq!(c.devices[&0], Device { used: 40, limit: Some(50), peak: 45, denied: 2 });
+        assert_eq!(c.devices[&0], Device { used: 40, limit: Some(50), peak: 45, denied: 2, ..Default::default() });
         assert_eq!(c.allocations.len(), 1);
         assert_eq!((c.dropped, c.events), (3, 9));
         c.apply(&line(r#"{"type":"something_new","x":1}"#)).unwrap();

@@ -63,7 +63,7 @@ pub fn render(state: &Value) -> String {
             .iter()
             .filter(|d| {
                 let n = |k: &str| d.get(k).and_then(Value::as_u64).unwrap_or(0);
-                n("used") > 0 || n("peak") > 0 || n("denied") > 0 || !d["limit"].is_null()
+                n("used") > 0 || n("peak") > 0 || n("denied") > 0 || !d["limit"].is_null() || !d["group_limit"].is_null()
             })
             .collect();
         if shown.is_empty() {
@@ -71,8 +71,14 @@ pub fn render(state: &Value) -> String {
         }
         for d in shown {
             let n = |k: &str| d.get(k).and_then(Value::as_u64).unwrap_or(0);
-            let limit = d.get("limit").and_then(Value::as_u64);
-            let used_limit = format!("{} / {}", human(n("used")), limit.map_or("-".to_string(), human));
+            let own = d.get("limit").and_then(Value::as_u64);
+            let group = d.get("group_limit").and_then(Value::as_u64);
+            // A group member without a cap of its own is bounded by its group's budget.
+            let (limit, used_limit) = match (own, group) {
+                (Some(l), _) => (Some(l), format!("{} / {}", human(n("used")), human(l))),
+                (None, Some(g)) => (Some(g), format!("{} / {} group", human(n("used")), human(g))),
+                (None, None) => (None, format!("{} / -", human(n("used")))),
+            };
             out.push_str(&format!(
                 "{pid:>8}  {exe:<20} {:>3}  {used_limit:>23} {:<22} {:>10} {:>7}\n",
                 n("index"),
@@ -143,6 +149,16 @@ pub fn run(socket: &Path, once: bool) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A group member without a cap of its own shows its group's budget, not `-`.
+    #[test]
+    fn a_group_member_shows_its_group_budget() {
+        let state = serde_json::json!({"type":"state","bad_clients":0,"clients":[
+            {"pid":42,"exe":"python3","devices":[{"index":0,"used":1u64<<30,"limit":null,"group_limit":3u64<<29,"group_used":5u64<<28,"peak":1u64<<30,"denied":0}]}]});
+        let t = render(&state);
+        assert!(t.contains("1.0 GiB / 1.5 GiB group"), "{t}");
+        assert!(!t.contains("1.0 GiB / -"), "{t}");
+    }
 
     #[test]
     fn table_rows_and_units() {

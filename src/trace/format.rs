@@ -66,6 +66,10 @@ pub fn event_line(buf: &mut Vec<u8>, r: &Record, t_ns: u64, dur_ns: u64) {
     push_u64(buf, dur_ns);
     buf.extend_from_slice(b",\"used\":");
     push_u64(buf, e.used);
+    if e.group_used != crate::events::NO_GROUP {
+        buf.extend_from_slice(b",\"group_used\":");
+        push_u64(buf, e.group_used);
+    }
     buf.extend_from_slice(b"}\n");
 }
 
@@ -74,6 +78,9 @@ pub struct DeviceLine {
     pub index: usize,
     pub total: u64,
     pub limit: Option<u64>,
+    /// The group's budget on this device (group members only; absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_limit: Option<u64>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -101,9 +108,24 @@ pub fn json_line(buf: &mut Vec<u8>, v: &impl serde::Serialize) {
 pub struct Summary {
     #[serde(rename = "type")]
     pub kind: &'static str,
+    /// When the process exited, on the events' clock.
+    pub t_ns: u64,
     pub events: u64,
     pub dropped: u64,
     pub peak: std::collections::BTreeMap<String, u64>,
+    pub used: std::collections::BTreeMap<String, u64>,
+    /// Per device, every allocation the cap refused (printed on stderr or not, traced or dropped).
+    pub denied: std::collections::BTreeMap<String, u64>,
+    /// The group this process belonged to, and the group's numbers at its exit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupSummary>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GroupSummary {
+    pub name: String,
+    /// Per device the group caps: its budget, and every member's charge together at this exit.
+    pub limit: std::collections::BTreeMap<String, u64>,
     pub used: std::collections::BTreeMap<String, u64>,
 }
 
@@ -127,6 +149,11 @@ pub struct DeviceUsage {
     pub limit: Option<u64>,
     pub peak: u64,
     pub denied: u64,
+    /// The group's budget and charge (group members whose group caps the device only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_limit: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_used: Option<u64>,
 }
 
 /// Successful counted allocations (`op` `alloc`) of one entry point on one device, since start.
@@ -158,6 +185,7 @@ mod tests {
                 result: 0,
                 dur: 0,
                 used: 5_242_880,
+                group_used: crate::events::NO_GROUP,
             },
         }
     }

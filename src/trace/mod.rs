@@ -39,6 +39,7 @@ pub fn configure(cfg: &config::Config) {
     ORIGIN_MONO_NS.store(crate::log::monotonic_ns(), Ordering::Relaxed);
     ORIGIN_UNIX_NS.store(unix_ns(), Ordering::Relaxed);
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    events::set_lossless(cfg.lossless);
     events::set_enabled(true);
 }
 
@@ -54,6 +55,7 @@ extern "C" fn after_fork_child() {
     lifetime::reset_after_fork();
     sidecar::close_inherited_in_child();
     events::after_fork_child();
+    crate::log::after_fork_child();
 }
 
 /// Starts this process's writer thread. False if no thread could be started.
@@ -107,11 +109,13 @@ fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
             }
         }
     }
+    let trace_path = file.as_ref().filter(|_| fd >= 0).map(|f| f.1.clone());
     let sidecar = socket.map(|s| sidecar::Sidecar::new(s, hello_line(), origin));
     let has_sidecar = sidecar.is_some();
     let mut w = writer::Writer::new(fd, file.map(|f| f.1).unwrap_or_default(), origin, sidecar);
     if fd < 0 && !has_sidecar {
         events::set_enabled(false);
+        events::set_writer_live(false);
         w.discard();
         lifetime::writer_done();
         return;
@@ -134,12 +138,32 @@ fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
         }
         orphaned.get()
     });
-    w.summary(&summary());
+    // The last drain is done: a lossless thread still allocating (or the program's exit handlers,
+    // which run on this thread after a pthread_exit) must not wait for it.
+    events::set_writer_live(false);
+    let s = summary();
+    w.summary(&s);
     w.close();
+    warn_dropped(&s, trace_path.as_deref());
     lifetime::writer_done();
     if orphaned.get() && !lifetime::exiting() {
         lifetime::exit_as_last_thread();
     }
+}
+
+/// One stderr line at exit when events were lost, so nobody reads an incomplete trace unawares.
+fn warn_dropped(s: &Summary, path: Option<&str>) {
+    if s.dropped == 0 || !crate::log::enabled(config::Level::Warn) {
+        return;
+    }
+    let whose = path.map_or("the sidecar stream".to_string(), |p| format!("the trace {p}"));
+    crate::log::write_line(&format!(
+        "vramcap: {} of {} events did not reach {whose} (threads outran the writer, or the disk \
+         refused them); the summary's peak and held-at-exit are exact, lists built from events are \
+         incomplete; VRAMCAP_TRACE_MODE=lossless keeps every event (the job's threads then wait \
+         for the writer)",
+        s.dropped, s.events
+    ));
 }
 
 fn block_all_signals() {
@@ -162,7 +186,7 @@ extern "C" fn at_exit() {
 fn header() -> Header {
     let pid = unsafe { libc::getpid() };
     let devices = (0..ledger::device_count())
-        .map(|i| DeviceLine { index: i, total: ledger::total(i), limit: ledger::limit(i) })
+        .map(|i| DeviceLine { index: i, total: ledger::total(i), limit: ledger::limit(i), group_limit: crate::group::view(i).map(|g| g.0) })
         .collect();
     Header {
         kind: "header",
@@ -209,12 +233,23 @@ fn hello_line() -> Vec<u8> {
 
 fn summary() -> Summary {
     let n = ledger::device_count().max(ledger::highest_used_device() + 1);
+    let group = crate::group::name().map(|name| {
+        let caps: Vec<(usize, (u64, u64))> = (0..n).filter_map(|d| Some((d, crate::group::view(d)?))).collect();
+        format::GroupSummary {
+            name: name.to_string(),
+            limit: caps.iter().map(|(d, (l, _))| (d.to_string(), *l)).collect(),
+            used: caps.iter().map(|(d, (_, u))| (d.to_string(), *u)).collect(),
+        }
+    });
     Summary {
         kind: "summary",
+        t_ns: crate::log::monotonic_ns().saturating_sub(ORIGIN_MONO_NS.load(Ordering::Relaxed)),
         events: events::emitted(),
         dropped: events::dropped(),
         peak: (0..n).map(|d| (d.to_string(), ledger::peak(d))).collect(),
         used: (0..n).map(|d| (d.to_string(), ledger::used(d))).collect(),
+        denied: (0..n).map(|d| (d.to_string(), crate::log::denials(d))).collect(),
+        group,
     }
 }
 

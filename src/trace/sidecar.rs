@@ -190,6 +190,8 @@ impl Sidecar {
                     limit: ledger::limit(d),
                     peak: ledger::peak(d),
                     denied: self.tally.denied.get(d).copied().unwrap_or(0),
+                    group_limit: crate::group::view(d).map(|g| g.0),
+                    group_used: crate::group::view(d).map(|g| g.1),
                 })
                 .collect(),
             allocations: self

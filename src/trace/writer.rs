@@ -145,6 +145,9 @@ impl Writer {
                 crossbeam_channel::SendTimeoutError::Timeout(b) => TrySendError::Full(b),
                 crossbeam_channel::SendTimeoutError::Disconnected(b) => TrySendError::Disconnected(b),
             }),
+            // Lossless: wait for the disk rather than drop (the rings then fill and the job's
+            // threads wait in turn: the trade-off this mode is for).
+            None if events::lossless() => tx.send(block).map_err(|e| TrySendError::Disconnected(e.0)),
             None => tx.try_send(block),
         };
         match sent {
