@@ -403,6 +403,19 @@ mod tests {
     }
 
     #[test]
+    fn drain_takes_only_the_kinds_asked_for() {
+        // A context's end frees its pointers and arrays, never its VMM handles.
+        let c = Charge { dev: 6, size: 1, ctx: 0xc3 };
+        insert(Kind::Array, 0x3000, c);
+        insert(Kind::VmmHandle, 0x3000, c);
+        insert(Kind::DevicePtr, 0x3000_0000, c);
+        let mut got = drain(&[Kind::DevicePtr, Kind::Array], |c| c.ctx == 0xc3);
+        got.sort_by_key(|g| g.0 as usize);
+        assert_eq!(got, vec![(Kind::DevicePtr, 0x3000_0000, c), (Kind::Array, 0x3000, c)]);
+        assert_eq!(take(Kind::VmmHandle, 0x3000), Some(c));
+    }
+
+    #[test]
     fn peak_tracks_the_high_water_mark() {
         let d = 42;
         reserve(d, 10).unwrap();

@@ -61,6 +61,9 @@ struct Table {
 
 static TABLE: Lock<Option<Table>> = Lock::new(None);
 
+/// A mapped piece: (start, end, allocation id).
+type Piece = (u64, u64, u64);
+
 fn with<R>(f: impl FnOnce(&mut Table) -> R) -> R {
     install_fork_handlers();
     let mut g = TABLE.lock();
@@ -134,8 +137,8 @@ impl Table {
 
     /// Removes `[start, end)` from the mapped pieces; returns the pieces removed and the
     /// leftovers put back (a sub-range unmap of a larger piece).
-    fn carve(&mut self, start: u64, end: u64) -> (Vec<(u64, u64, u64)>, Vec<(u64, u64, u64)>) {
-        let hit: Vec<(u64, u64, u64)> = self
+    fn carve(&mut self, start: u64, end: u64) -> (Vec<Piece>, Vec<Piece>) {
+        let hit: Vec<Piece> = self
             .pieces
             .range(..end)
             .rev()
@@ -259,8 +262,8 @@ pub fn map_end(id: Option<u64>, ptr: u64, size: u64, t: Timed) {
 
 /// What `unmap_begin` changed, undone by a failed call.
 pub struct Unmap {
-    removed: Vec<(u64, u64, u64)>,
-    added: Vec<(u64, u64, u64)>,
+    removed: Vec<Piece>,
+    added: Vec<Piece>,
     ending: Vec<Ending>,
 }
 

@@ -61,4 +61,20 @@ check("cuMemCreate while the retained handle lives", d.cuMemCreate(2 * MIB, prop
 check("release the retained reference", d.cuMemRelease(h2)[0], OK)
 err, h3 = d.cuMemCreate(32 * MIB, prop, 0)
 check("cuMemCreate once released and unmapped", err, OK)
+check("release", d.cuMemRelease(h3)[0], OK)
+
+# PyCUDA's way: a created (and attached) context ends at its last cuCtxDetach.
+err, ctx = d.cuCtxCreate(None, 0, dev)
+check("cuCtxCreate", err, OK)
+err, same = d.cuCtxAttach(0)
+check("cuCtxAttach", (err, int(same)), (OK, int(ctx)))
+# The primary context still holds 32m: 16m here, then 20m more is past the 64m cap.
+err, a = d.cuMemAlloc(16 * MIB)
+check("alloc 16m in the attached context", err, OK)
+check("detach (count 2 -> 1)", d.cuCtxDetach(ctx)[0], OK)
+check("push", d.cuCtxPushCurrent(ctx)[0], OK)
+check("still alive: its 16m still held", d.cuMemAlloc(20 * MIB)[0], OOM)
+check("detach (count 1 -> 0: destroyed)", d.cuCtxDetach(ctx)[0], OK)
+primary()
+check("alloc 30m once the detached context is gone", d.cuMemAlloc(30 * MIB)[0], OK)
 print("bindings lifetimes ok")
