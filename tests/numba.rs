@@ -56,11 +56,7 @@ fn numba_cuda_sees_and_keeps_the_cap() {
 
 /// cuda.close() ends the context (numba pops it, releases the primary context and resets it):
 /// the memory it held is gone, so the next context starts from zero.
-/// Ignored until the primary-context release fix of issue 14 lands (vramcap keeps the charges of
-/// a primary context whose last reference numba released, then finds no active context to reset);
-/// run it with `--ignored`.
 #[test]
-#[ignore = "needs the primary-context release fix (issue 14); run with --ignored"]
 fn numba_cuda_close_then_a_new_context_starts_from_zero() {
     let trace = std::env::temp_dir().join(format!("vramcap-numba-close-{}.jsonl", std::process::id()));
     let out = numba("close", &trace);
