@@ -112,6 +112,28 @@ fn the_environment_may_lower_the_ceiling_and_add_a_trace() {
 }
 
 #[test]
+fn a_configmap_volume_of_symlinks_is_a_ceiling() {
+    needs_root_ns!();
+    let t = scratch();
+    // What Kubernetes makes of a ConfigMap mounted at /etc/vramcap: limits -> ..data/limits.
+    let run = with_etc(&t, "VRAMCAP_LIMIT=64m\n", "0444", None, "sh");
+    let script = t.join("configmap.sh");
+    std::fs::write(
+        &script,
+        "cd /etc/vramcap && mkdir ..2026 && mv limits ..2026/limits && ln -s ..2026 ..data && ln -s ..data/limits limits && exec \"$@\"\n",
+    )
+    .unwrap();
+    let out = run
+        .args([script.to_str().unwrap(), &client("client_linked")])
+        .env("VRAMCAP_LIMIT", "1g")
+        .args(["init ctx 0 alloc 100m"])
+        .run();
+    out.ok();
+    assert_eq!(out.nth("alloc", 0).rc(), 2, "{}", out.stderr);
+    assert!(out.stderr.contains("above the ceiling 64.0 MiB"), "{}", out.stderr);
+}
+
+#[test]
 fn a_ceiling_file_others_can_write_is_ignored_with_a_warning() {
     needs_root_ns!();
     let t = scratch();

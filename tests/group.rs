@@ -147,6 +147,21 @@ fn a_thousand_short_lived_members_leave_the_ledger_at_zero() {
 }
 
 #[test]
+fn free_memory_does_not_count_members_that_died() {
+    let dir = private_group_dir();
+    let mut c = member("client_linked", &dir, "gone", Some("1g")).args(["init ctx 0 info sleep 1500 info sleep 60000"]).spawn();
+    assert_eq!(c.wait_for("info").num("free"), GIB);
+    // A exits holding 512 MiB: dead, not yet reclaimed.
+    let out = member("client_procaddr", &dir, "gone", None).args(["init ctx 0 alloc 512m"]).run();
+    assert_eq!(out.ok().nth("alloc", 0).rc(), 0);
+    // A new member, and (a second later) a running one, see the whole budget free.
+    let out = member("client_dlsym", &dir, "gone", None).args(["init ctx 0 info"]).run();
+    assert_eq!(out.ok().nth("info", 0).num("free"), GIB, "{}", out.stderr);
+    assert_eq!(c.wait_for("info").num("free"), GIB);
+    c.sigkill();
+}
+
+#[test]
 fn a_member_keeps_its_charge_until_it_is_dead_not_just_exiting() {
     let dir = private_group_dir();
     // A holds 200 MiB; after exit() began it sleeps 3 s in a later atexit handler (a C++

@@ -3,3 +3,7 @@
 pub mod shm;
 #[path = "../../src/group/file.rs"]
 pub mod file;
+#[path = "../../src/group/liveness.rs"]
+pub mod liveness;
+#[path = "../../src/group/guard.rs"]
+pub mod guard;

@@ -268,6 +268,8 @@ fn check_limits(c: &mut Checks, devices: &[limits::DeviceInfo], resolvable: bool
             .unwrap_or(false);
         if dir.is_dir() && writable {
             c.ok("group dir", &g.dir);
+        } else if !dir.exists() && g.dir == group::default_dir() {
+            c.ok("group dir", &format!("{} (the per-user default, made by the first member)", g.dir));
         } else {
             c.fail("group dir", &format!("{} is not a writable directory", g.dir), "create it (shared by the group's processes) or set VRAMCAP_GROUP_DIR");
         }

@@ -50,10 +50,12 @@ fn untrusted(st: &libc::stat) -> Option<String> {
 }
 
 /// The file's lines: `Ok(None)` if there is no file; `Err(warning)` if it exists but cannot be
-/// trusted or read (then it is ignored, with that warning).
+/// trusted or read (then it is ignored, with that warning). A symbolic link is followed (a
+/// Kubernetes ConfigMap volume's files are links into the volume): only root can place one in
+/// the root-owned directory we check, and the file opened must be root's too.
 pub fn read_file(path: &str) -> Result<Option<String>, String> {
     let c = std::ffi::CString::new(path).map_err(|_| format!("{path:?}: NUL byte"))?;
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK) };
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK) };
     if fd < 0 {
         let e = std::io::Error::last_os_error();
         return if e.raw_os_error() == Some(libc::ENOENT) { Ok(None) } else { Err(format!("ignoring {path}: {e}")) };

@@ -21,7 +21,7 @@ use crate::config::{GroupConfig, limits::DeviceInfo, size::human};
 use crate::ledger::{Denied, MAX_DEVICES};
 use shm::Shared;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU64, AtomicUsize, Ordering::*};
 
 static SHM: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
 static NAME: OnceLock<String> = OnceLock::new();
@@ -54,11 +54,29 @@ fn entry(dev: usize) -> Option<usize> {
 }
 
 /// The group's (limit, used) on one of this process's devices, when the group caps it.
+/// Dead members still count in `used` until reclaimed, so a query (`cuMemGetInfo`: frameworks
+/// size caches by it) first gives back what dead members hold, at most once a second.
 pub fn view(dev: usize) -> Option<(u64, u64)> {
     let (s, e) = (shared()?, entry(dev)?);
     let d = &s.devices[e];
     let limit = d.limit.load(Acquire);
-    (limit != 0).then(|| (limit, d.used.load(Acquire)))
+    if limit == 0 {
+        return None;
+    }
+    reclaim_now_and_then(s);
+    Some((limit, d.used.load(Acquire)))
+}
+
+#[cold]
+fn reclaim_now_and_then(s: &Shared) {
+    static LAST_S: AtomicU64 = AtomicU64::new(0);
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    let now = ts.tv_sec as u64 + 1; // never 0, so the first query always sweeps
+    let last = LAST_S.load(Relaxed);
+    if now != last && LAST_S.compare_exchange(last, now, Relaxed, Relaxed).is_ok() {
+        reclaim_in(s);
+    }
 }
 
 /// The container's default group name: processes of one container share a cgroup.

@@ -31,14 +31,13 @@ $out"; }
         || fail "client_$c threads"
 done
 
-DATA=$ROOT/../shared/data/lookups
-[ -d "$DATA" ] || DATA=/work/shared/data/lookups
+DATA=$ROOT/tests/data/lookups
 for f in "$DATA"/cudart12.tsv "$DATA"/cudart13.tsv; do
     [ -f "$f" ] || continue
     rows=$(wc -l < "$f")
     out=$("$CT/replay" "$f")
     [ "$(printf '%s\n' "$out" | wc -l)" -eq $((rows + 1)) ] || fail "replay $f: row count"
     printf '%s\n' "$out" | awk -F'\t' '$4 != 0 { bad = 1 } END { exit bad }' || fail "replay $f: rc != 0"
-    printf '%s\n' "$out" | grep -q "$(printf '^cuMemAlloc\t3020\t0\t0\t0\t1$')" || fail "replay $f: cuMemAlloc"
+    printf '%s\n' "$out" | grep -q "$(printf '^cuMemAlloc\t3020\t0\t0\t0\t1\t')" || fail "replay $f: cuMemAlloc"
 done
 echo "smoke ok"
