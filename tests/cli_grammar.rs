@@ -27,7 +27,10 @@ fn size_accepts_what_vramcap_limit_accepts() {
 fn replay_accepts_a_per_device_list() {
     let (a, b) = (data("job_rank0.jsonl"), data("job_rank1.jsonl"));
     // Device 0 peaks at 5 GiB: 4 GiB on it does not fit, whatever device 1 gets.
-    let r = json(&["replay", "--json", "--limit", "0=4g,1=2m", &a, &b]);
+    // "Does not fit" is exit status 1, as grep and diff say "no".
+    let out = vramcap(&["replay", "--json", "--limit", "0=4g,1=2m", &a, &b]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_str(&text(&out.stdout)).expect("valid JSON on stdout");
     assert_eq!(r["limit"]["0"].as_u64(), Some(4 * common::GIB), "{r}");
     assert_eq!(r["fits"], false, "{r}");
     // A list that leaves device 0 out leaves it uncapped, as VRAMCAP_LIMIT would.

@@ -57,27 +57,16 @@ pub fn spawn(dir: PathBuf, registry: Arc<Mutex<Registry>>, every: Duration) -> s
     Ok(())
 }
 
-/// Opens the ledger without following a symlink: `O_PATH | O_NOFOLLOW` pins the directory entry
-/// itself, which must be a regular file, and the ledger code reopens that very file through
-/// `/proc/self/fd` (no second lookup of the name, so no swap in between).
+/// Opens the ledger without following a symlink: `file::open_existing` opens the name itself with
+/// `O_NOFOLLOW` and maps it only if it is a regular file (one lookup, so no swap in between).
 fn open_ledger(path: &Path) -> Result<Option<file::Mapping>, String> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| "a NUL in the path".to_string())?;
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        return if e.raw_os_error() == Some(libc::ENOENT) { Ok(None) } else { Err(format!("cannot open {}: {e}", path.display())) };
-    }
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    let regular = unsafe { libc::fstat(fd, &mut st) } == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFREG;
-    let m = if regular {
-        file::open_existing(Path::new(&format!("/proc/self/fd/{fd}")))
-            .map_err(|e| e.replace(&format!("/proc/self/fd/{fd}"), &path.display().to_string()))
-    } else {
-        Err(format!("{} is not a regular file (a symlink is never followed); not swept", path.display()))
-    };
-    unsafe { libc::close(fd) };
-    m
+    file::open_existing(path).map_err(|e| match std::fs::symlink_metadata(path) {
+        // Only the wording: the refusal itself came from the one open above.
+        Ok(m) if !m.file_type().is_file() => {
+            format!("{} is not a regular file (a symlink is never followed); not swept", path.display())
+        }
+        _ => e,
+    })
 }
 
 /// One group: returns (members, bytes) reclaimed and the members left (0 without a ledger).
