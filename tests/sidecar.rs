@@ -4,178 +4,14 @@
 
 mod common;
 use common::*;
-use std::collections::BTreeMap;
+mod sidecar_support;
+use sidecar_support::*;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-fn tmpdir(name: &str) -> PathBuf {
-    // Short: a Unix socket path must stay under 108 bytes.
-    let d = PathBuf::from(format!("/tmp/vcs-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-struct Sidecar {
-    child: Child,
-    metrics: String,
-    socket: PathBuf,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Sidecar {
-    fn start(socket: &Path, extra: &[&str]) -> Sidecar {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vramcap"))
-            .arg("sidecar")
-            .arg("--socket")
-            .arg(socket)
-            .args(["--metrics", "127.0.0.1:0"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the sidecar");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let err = child.stderr.take().unwrap();
-        let log = stderr.clone();
-        // Drained for the sidecar's whole life, so its logging can never block it.
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("metrics on http://").nth(1) {
-                    let _ = tx.send(rest.trim_end_matches("/metrics").to_string());
-                }
-                log.lock().unwrap().push_str(&(line + "\n"));
-            }
-        });
-        let metrics = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("sidecar did not start: {}", stderr.lock().unwrap()));
-        Sidecar { child, metrics, socket: socket.to_path_buf(), stderr }
-    }
-
-    fn text(&self) -> String {
-        let mut s = std::net::TcpStream::connect(&self.metrics).expect("connect to /metrics");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).unwrap();
-        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-        resp.split_once("\r\n\r\n").unwrap().1.to_string()
-    }
-
-    fn samples(&self) -> Vec<Sample> {
-        parse(&self.text())
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: u64,
-}
-
-/// Prometheus text format, as far as this sidecar writes it (no escapes inside test labels).
-fn parse(text: &str) -> Vec<Sample> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (series, value) = l.rsplit_once(' ').unwrap();
-            let (name, labels) = match series.split_once('{') {
-                Some((n, rest)) => (n, rest.trim_end_matches('}')),
-                None => (series, ""),
-            };
-            let labels = labels
-                .split("\",")
-                .filter(|p| !p.is_empty())
-                .map(|p| {
-                    let (k, v) = p.split_once("=\"").unwrap();
-                    (k.to_string(), v.trim_end_matches('"').to_string())
-                })
-                .collect();
-            Sample { name: name.to_string(), labels, value: value.parse().unwrap_or_else(|_| panic!("{l}")) }
-        })
-        .collect()
-}
-
-/// The value of `name` whose labels include all of `want` (None if no such series).
-fn value(s: &[Sample], name: &str, want: &[(&str, &str)]) -> Option<u64> {
-    let hits: Vec<&Sample> =
-        s.iter().filter(|x| x.name == name && want.iter().all(|(k, v)| x.labels.get(*k).map(|s| s.as_str()) == Some(*v))).collect();
-    assert!(hits.len() <= 1, "several series match {name} {want:?}: {hits:?}");
-    hits.first().map(|x| x.value)
-}
-
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// A long-running preloaded client whose stdout lines are collected as they come.
-struct Client {
-    child: Child,
-    out: Arc<Mutex<Vec<String>>>,
-}
-
-impl Client {
-    fn spawn(name: &str, socket: &Path, env: &[(&str, &str)], ops: &str) -> Client {
-        build_c();
-        let mut cmd = Command::new(ctests_dir().join(name));
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy().to_string();
-            if k.starts_with("VRAMCAP_") || k.starts_with("FAKECUDA_") || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT") || k.starts_with("POD_") || k == "CONTAINER_NAME" {
-                cmd.env_remove(&k);
-            }
-        }
-        cmd.env("LD_LIBRARY_PATH", shim_dir()).env("LD_PRELOAD", preload_lib()).env("VRAMCAP_SIDECAR", socket);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.args(ops.split_whitespace()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-        let out = Arc::new(Mutex::new(Vec::new()));
-        let stdout = child.stdout.take().unwrap();
-        let o = out.clone();
-        std::thread::spawn(move || {
-            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-                o.lock().unwrap().push(l);
-            }
-        });
-        Client { child, out }
-    }
-
-    fn pid(&self) -> String {
-        self.child.id().to_string()
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.out.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[test]
 fn metrics_equal_what_each_process_holds() {
@@ -276,12 +112,6 @@ fn sixty_four_concurrent_clients() {
     wait_until("all 64 to leave", Duration::from_secs(20), || value(&sc.samples(), "vramcap_clients", &[]) == Some(0));
 }
 
-fn header_line(pid: u32) -> String {
-    format!(
-        "{{\"type\":\"header\",\"version\":1,\"protocol\":1,\"pid\":{pid},\"ppid\":1,\"exe\":\"raw\",\"cmdline\":[],\"host\":\"h\",\
-         \"start_unix_ns\":1,\"devices\":[{{\"index\":0,\"total\":100,\"limit\":null}}],\"group\":null}}\n"
-    )
-}
 
 /// Sends `data` and waits for the sidecar to close the connection (read returns 0 or an error).
 fn send_and_expect_close(socket: &Path, data: &[u8]) {

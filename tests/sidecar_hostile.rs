@@ -213,6 +213,11 @@ fn idle_clients_and_trickled_lines_are_dropped() {
     });
     assert!(closed_within(&mut idle, Duration::from_secs(15)), "an idle client was kept");
     assert!(t.join().unwrap(), "a client trickling an endless line was kept");
+    // The sidecar's stderr is read by a thread: its lines may arrive just after the close.
+    wait_until("both reasons in the sidecar's log", Duration::from_secs(10), || {
+        let log = sc.stderr.lock().unwrap();
+        log.contains("nothing sent for 2 s") && log.contains("a line left unfinished for more than 1 s")
+    });
     let log = sc.stderr.lock().unwrap().clone();
     assert!(log.contains("nothing sent for 2 s"), "{log}");
     assert!(log.contains("a line left unfinished for more than 1 s"), "{log}");
