@@ -4,6 +4,7 @@
 //! huge durations are errors; every argument has help text.
 
 mod cli_support;
+mod common;
 use cli_support::*;
 use std::io::{BufRead, BufReader};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -17,21 +18,6 @@ fn closed_pipe() -> Stdio {
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
     unsafe { libc::close(fds[0]) };
     Stdio::from(unsafe { OwnedFd::from_raw_fd(fds[1]) })
-}
-
-fn wait_bounded(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("still running after {limit:?} (killed)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -63,7 +49,7 @@ fn top_into_a_pipe_gives_up_on_a_missing_sidecar() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let st = wait_bounded(&mut child, Duration::from_secs(40));
+    let st = common::wait_bounded(&mut child, Duration::from_secs(40), "vramcap");
     let out = child.wait_with_output().unwrap();
     assert_eq!(st.code(), Some(1), "{st:?}");
     assert!(!text(&out.stdout).contains('\x1b'), "no screen-control codes into a pipe: {:?}", text(&out.stdout));

@@ -6,29 +6,13 @@
 mod common;
 use common::*;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("vramcap-lifetime-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-/// Waits up to `limit` for the child; SIGKILLs it and fails on a hang.
-fn wait_bounded(child: &mut std::process::Child, limit: Duration, what: &str) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}: still running after {limit:?} (killed)");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 fn last_line(path: &std::path::Path) -> serde_json::Value {

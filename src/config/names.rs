@@ -80,6 +80,31 @@ pub fn warnings<'a>(vars: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<Strin
 mod tests {
     use super::*;
 
+    /// Every variable configuration.md documents is one the library knows, so none of them draws
+    /// the "unknown variable" warning (a variable added to the docs but not to KNOWN would).
+    #[test]
+    fn every_documented_variable_is_known() {
+        let doc = include_str!("../../docs/configuration.md");
+        let mut seen = 0;
+        for (i, _) in doc.match_indices("`VRAMCAP_") {
+            let name: String = doc[i + 1..].chars().take_while(|c| c.is_ascii_uppercase() || *c == '_' || c.is_ascii_digit()).collect();
+            let name = name.trim_end_matches('_');
+            if name == "VRAMCAP" {
+                continue; // the `VRAMCAP_*` pattern itself
+            }
+            // `VRAMCAP_LIMIT_<i>` is written with its family's prefix, or with an index.
+            if FAMILIES.iter().any(|f| f.trim_end_matches('_') == name) || is_known(name) {
+                seen += 1;
+                continue;
+            }
+            panic!("docs/configuration.md documents {name}, which names.rs does not know");
+        }
+        assert!(seen >= KNOWN.len(), "only {seen} mentions found");
+        for k in KNOWN {
+            assert!(doc.contains(&format!("`{k}")), "{k} is known but not documented");
+        }
+    }
+
     fn w(vars: &[(&str, &str)]) -> Vec<String> {
         warnings(vars.iter().map(|(a, b)| (*a, *b)))
     }

@@ -251,6 +251,22 @@ impl Running {
     }
 }
 
+/// Waits up to `limit` for a spawned child; SIGKILLs it and fails the test on a hang.
+pub fn wait_bounded(child: &mut std::process::Child, limit: Duration, what: &str) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {limit:?} (killed)");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn wait_with_timeout(child: std::process::Child, timeout: Duration) -> std::process::Output {
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
