@@ -70,9 +70,7 @@ fn claim(path: &str, me: i32) -> Claim {
         let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
         let fd = unsafe { libc::open(c.as_ptr(), flags, 0o644) };
         if fd >= 0 {
-            // Ours from its creation: the lock tells processes starting now that it is in use.
-            unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
-            return Claim::Ours(fd);
+            return settle_created(fd, path);
         }
         if errno() != libc::EEXIST {
             return Claim::Failed(Error::last_os_error());
@@ -106,6 +104,19 @@ fn claim(path: &str, me: i32) -> Claim {
         return judge_existing(fd, path, euid, me);
     }
     Claim::Failed(Error::other("the path kept changing while it was opened"))
+}
+
+/// `fd` is a file this process just created. The lock tells processes starting now that it is
+/// in use; but one of them may have opened the new, still unlocked and empty file between our
+/// `open` and our `flock`, locked it and judged it free (no header names a running process).
+/// The lock decides: whoever holds it writes the file, the other falls back (CI saw two
+/// processes write one file before this check).
+fn settle_created(fd: i32, path: &str) -> Claim {
+    if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 && errno() == libc::EWOULDBLOCK {
+        unsafe { libc::close(fd) };
+        return Claim::Taken(format!("{path} is being written by another running process"));
+    }
+    Claim::Ours(fd)
 }
 
 /// `fd` is open on something that already existed at `path`.
@@ -185,6 +196,31 @@ mod tests {
         assert_eq!(c.path, p);
         unsafe { libc::close(b.fd) };
         unsafe { libc::close(c.fd) };
+    }
+
+    /// The window between creating a file and locking it: another process that opened and
+    /// locked the new file in that window keeps it, and the creator falls back.
+    #[test]
+    fn a_file_locked_by_another_between_create_and_lock_is_left_to_it() {
+        let d = dir("window");
+        let p = format!("{d}/t.jsonl");
+        let c = CString::new(p.as_str()).unwrap();
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        let created = unsafe { libc::open(c.as_ptr(), flags, 0o644) };
+        assert!(created >= 0);
+        let other = unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+        assert_eq!(unsafe { libc::flock(other, libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        match settle_created(created, &p) {
+            Claim::Taken(why) => assert!(why.contains("another running process"), "{why}"),
+            _ => panic!("the creator kept a file another process had locked"),
+        }
+        unsafe { libc::close(other) };
+        // Unlocked again: a fresh creation settles as ours.
+        let p2 = format!("{d}/u.jsonl");
+        let c2 = CString::new(p2.as_str()).unwrap();
+        let fd = unsafe { libc::open(c2.as_ptr(), flags, 0o644) };
+        assert!(matches!(settle_created(fd, &p2), Claim::Ours(_)));
+        unsafe { libc::close(fd) };
     }
 
     #[test]
