@@ -70,6 +70,10 @@ macro_rules! hook_table {
                 #[allow(non_snake_case)]
                 #[cfg_attr(not(test), unsafe(no_mangle))]
                 pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                    // A neighbour's pressure is answered at our next driver call (issue 17).
+                    if matches!(Lib::$lib, Lib::Cuda) {
+                        crate::intercept::pressure::answer_neighbours();
+                    }
                     unsafe { $imp($($arg),*) }
                 }
             )*

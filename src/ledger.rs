@@ -30,6 +30,8 @@ pub struct Denied {
     pub limit: u64,
     /// The group's budget refused (`used`/`limit` are the group's), not the process's.
     pub group: bool,
+    /// Which of the group's rules refused (`Budget` for the process's own limit).
+    pub rule: crate::group::shm::Rule,
 }
 
 static TOTALS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
@@ -108,7 +110,7 @@ fn reserve_local(dev: usize, size: u64) -> Result<(), Denied> {
     loop {
         let next = match cur.checked_add(size) {
             Some(n) if n <= limit => n,
-            _ => return Err(Denied { used: cur, limit, group: false }),
+            _ => return Err(Denied { used: cur, limit, group: false, rule: crate::group::shm::Rule::Budget }),
         };
         match b.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
             Ok(_) => return Ok(()),
@@ -344,7 +346,7 @@ mod tests {
         let d = 40;
         set_limit(d, 100);
         assert!(reserve(d, 60).is_ok());
-        assert_eq!(reserve(d, 41), Err(Denied { used: 60, limit: 100, group: false }));
+        assert_eq!(reserve(d, 41), Err(Denied { used: 60, limit: 100, group: false, rule: crate::group::shm::Rule::Budget }));
         assert!(reserve(d, 40).is_ok());
         assert_eq!(used(d), 100);
         release(d, 100);

@@ -81,7 +81,8 @@ pub fn monotonic_ns() -> u64 {
 
 /// One line per denial, rate-limited so a job retrying in a loop cannot flood its log.
 pub fn denied(api: &str, dev: usize, size: u64, used: u64, limit: u64) {
-    denied_in(api, dev, size, used, limit, None)
+    let d = crate::ledger::Denied { used, limit, group: false, rule: crate::group::shm::Rule::Budget };
+    denied_in(api, dev, size, &d, None)
 }
 
 /// Every denial per device, printed or not (the trace summary's `denied`).
@@ -101,7 +102,8 @@ pub fn after_fork_child() {
 }
 
 /// [`denied`], naming the group whose budget refused (`used`/`limit` are then the group's).
-pub fn denied_in(api: &str, dev: usize, size: u64, used: u64, limit: u64, group: Option<&str>) {
+pub fn denied_in(api: &str, dev: usize, size: u64, d: &crate::ledger::Denied, group: Option<&str>) {
+    let (used, limit) = (d.used, d.limit);
     if let Some(d) = DENIALS.get(dev) {
         d.fetch_add(1, Ordering::Relaxed);
     }
@@ -122,10 +124,28 @@ pub fn denied_in(api: &str, dev: usize, size: u64, used: u64, limit: u64, group:
     let h = config::size::human;
     let scope = group.map_or(String::new(), |g| format!("group \"{g}\" "));
     let more = if suppressed > 0 { format!(" ({suppressed} more denials not shown)") } else { String::new() };
+    let rule = rule_text(&d.rule);
     write_line(&format!(
-        "vramcap: denied {api} of {size} bytes ({}) on device {dev}: used {used} ({}) of {scope}limit {limit} ({}){more}",
+        "vramcap: denied {api} of {size} bytes ({}) on device {dev}: used {used} ({}) of {scope}limit {limit} ({}){rule}{more}",
         h(size),
         h(used),
         h(limit)
     ));
+}
+
+/// Which of the group's rules refused, as the denial line says it (issue 17).
+pub fn rule_text(r: &crate::group::shm::Rule) -> String {
+    use crate::group::shm::Rule;
+    let h = config::size::human;
+    match *r {
+        Rule::Budget => String::new(),
+        Rule::Headroom { headroom } => format!(": headroom {} kept for a member not running yet", h(headroom)),
+        Rule::Share { share, budget, members } => format!(": equal share {} of {} among {members} members", h(share), h(budget)),
+        Rule::Reserved { bytes, pid, comm, higher } => format!(
+            ": reserved for {}: {} (pid {pid} \"{}\")",
+            if higher { "higher priority" } else { "other members" },
+            h(bytes),
+            crate::group::sharing::comm_of(&comm)
+        ),
+    }
 }

@@ -159,6 +159,9 @@ pub fn merge(file: Option<(&str, &str)>, env: &[(String, String)], secure: bool)
             "VRAMCAP_GROUP" | "VRAMCAP_GROUP_DIR" if fc.group.is_some() && file_value != Some(v.trim()) && !v.trim().is_empty() => {
                 Some("whose group the environment cannot leave")
             }
+            k if is_sharing_setting(k) && file_value.is_some_and(|f| f.trim() != v.trim()) && !v.trim().is_empty() => {
+                Some("and a job's share of its group is the platform's to set")
+            }
             "VRAMCAP_REAL_LIBCUDA" | "VRAMCAP_REAL_LIBNVML" if file_value != Some(v.trim()) && !v.trim().is_empty() => {
                 Some("and the driver it counts is not the environment's to choose")
             }
@@ -188,7 +191,13 @@ pub fn merge(file: Option<(&str, &str)>, env: &[(String, String)], secure: bool)
             Some(g) if g.name == fg.name && !g.limits.is_empty() => g.limits.clone(),
             _ => fg.limits.clone(),
         };
-        c.group = Some(GroupConfig { name: fg.name.clone(), limits, dir: fg.dir.clone() });
+        // Sharing settings come through `merged`: the file's where it sets them (refused from
+        // the environment above), else the environment's.
+        let mut g = GroupConfig { name: fg.name.clone(), limits, dir: fg.dir.clone(), ..fg.clone() };
+        if let Some(e) = c.group.as_ref() {
+            (g.policy, g.priority, g.reserve, g.headroom) = (e.policy, e.priority, e.reserve.clone(), e.headroom.clone());
+        }
+        c.group = Some(g);
     }
     c.disabled = fc.disabled;
     c.ceiling = Some(Ceiling {
@@ -225,6 +234,12 @@ pub fn from_env_vars(env: &[(String, String)]) -> Config {
             c
         }
     }
+}
+
+/// `VRAMCAP_GROUP_POLICY`, `VRAMCAP_PRIORITY`, `VRAMCAP_GROUP_RESERVE[_<i>]`,
+/// `VRAMCAP_GROUP_HEADROOM[_<i>]`: where the ceiling file sets one, the environment cannot change it.
+fn is_sharing_setting(k: &str) -> bool {
+    k == "VRAMCAP_GROUP_POLICY" || k == "VRAMCAP_PRIORITY" || k.starts_with("VRAMCAP_GROUP_RESERVE") || k.starts_with("VRAMCAP_GROUP_HEADROOM")
 }
 
 #[cfg(test)]

@@ -12,6 +12,10 @@ pub const KNOWN: &[&str] = &[
     "VRAMCAP_GROUP",
     "VRAMCAP_GROUP_LIMIT",
     "VRAMCAP_GROUP_DIR",
+    "VRAMCAP_GROUP_POLICY",
+    "VRAMCAP_GROUP_RESERVE",
+    "VRAMCAP_GROUP_HEADROOM",
+    "VRAMCAP_PRIORITY",
     "VRAMCAP_REAL_LIBCUDA",
     "VRAMCAP_REAL_LIBNVML",
     "VRAMCAP_TRACE",
@@ -20,7 +24,7 @@ pub const KNOWN: &[&str] = &[
     "VRAMCAP_SIDECAR_CMDLINE",
 ];
 
-const FAMILIES: &[&str] = &["VRAMCAP_LIMIT_", "VRAMCAP_GROUP_LIMIT_"];
+const FAMILIES: &[&str] = &["VRAMCAP_LIMIT_", "VRAMCAP_GROUP_LIMIT_", "VRAMCAP_GROUP_RESERVE_", "VRAMCAP_GROUP_HEADROOM_"];
 
 pub fn is_known(name: &str) -> bool {
     KNOWN.contains(&name) || FAMILIES.iter().any(|f| name.starts_with(f) && name.len() > f.len())

@@ -1,5 +1,7 @@
 //! `VRAMCAP_GROUP`, `VRAMCAP_GROUP_LIMIT[_<i>]`, `VRAMCAP_GROUP_DIR`, and HAMi-core's
-//! `CUDA_DEVICE_MEMORY_LIMIT`, which is a container budget and so becomes a group limit.
+//! `CUDA_DEVICE_MEMORY_LIMIT`, which is a container budget and so becomes a group limit; the
+//! sharing settings `VRAMCAP_GROUP_POLICY`, `VRAMCAP_PRIORITY`, `VRAMCAP_GROUP_RESERVE[_<i>]`
+//! and `VRAMCAP_GROUP_HEADROOM[_<i>]` (issue 17).
 
 use super::limits::{ConfigError, LimitSpec};
 
@@ -19,6 +21,42 @@ pub struct GroupConfig {
     /// Empty: adopt the limits the group already has.
     pub limits: LimitSpec,
     pub dir: String,
+    /// `VRAMCAP_GROUP_POLICY`; `None`: adopt the group's (`shared` for a new group).
+    pub policy: Option<PolicyName>,
+    /// `VRAMCAP_PRIORITY` (default 0, higher wins).
+    pub priority: i64,
+    /// `VRAMCAP_GROUP_RESERVE`: kept for this member while it lives (limit grammar).
+    pub reserve: LimitSpec,
+    /// `VRAMCAP_GROUP_HEADROOM`; empty: adopt the group's.
+    pub headroom: LimitSpec,
+}
+
+/// The policies `VRAMCAP_GROUP_POLICY` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyName {
+    Shared,
+    Equal,
+    Priority,
+}
+
+pub const POLICY_FORM: &str = "shared (on demand, the default), equal (budget / members) or priority (with VRAMCAP_PRIORITY)";
+
+impl PolicyName {
+    pub fn parse(v: &str) -> Option<PolicyName> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "shared" => Some(PolicyName::Shared),
+            "equal" => Some(PolicyName::Equal),
+            "priority" => Some(PolicyName::Priority),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyName::Shared => "shared",
+            PolicyName::Equal => "equal",
+            PolicyName::Priority => "priority",
+        }
+    }
 }
 
 const NAME_FORM: &str = super::group_name::FORM;
@@ -89,10 +127,50 @@ pub fn from_vars<'a>(
     // HAMi's variable is the budget of the whole container: only when we have no limit at all.
     let mut hami = false;
     if process.is_empty() && limits.is_empty() {
-        limits = LimitSpec::from_family(vars, "CUDA_DEVICE_MEMORY_LIMIT")?;
+        limits = LimitSpec::from_family(vars.clone(), "CUDA_DEVICE_MEMORY_LIMIT")?;
         hami = !limits.is_empty();
     }
-    let group = (name.is_some() || hami).then_some(GroupConfig { name, limits, dir });
+    let policy = get("VRAMCAP_GROUP_POLICY")
+        .map(|v| {
+            PolicyName::parse(v).ok_or_else(|| ConfigError {
+                var: "VRAMCAP_GROUP_POLICY".into(),
+                value: v.into(),
+                reason: "not a policy".into(),
+                expected: POLICY_FORM.into(),
+            })
+        })
+        .transpose()?;
+    let priority = get("VRAMCAP_PRIORITY")
+        .map(|v| {
+            v.parse::<i64>().ok().filter(|p| p.unsigned_abs() <= 1 << 31).ok_or_else(|| ConfigError {
+                var: "VRAMCAP_PRIORITY".into(),
+                value: v.into(),
+                reason: "not an integer".into(),
+                expected: "an integer such as 10 or -5 (default 0; a higher number wins)".into(),
+            })
+        })
+        .transpose()?
+        .unwrap_or(0);
+    let reserve = LimitSpec::from_family(vars.clone(), "VRAMCAP_GROUP_RESERVE")?;
+    let headroom = LimitSpec::from_family(vars.clone(), "VRAMCAP_GROUP_HEADROOM")?;
+    if name.is_none() && !hami {
+        // A sharing setting without a group would be silently ignored: say so instead.
+        let set = [
+            ("VRAMCAP_GROUP_POLICY", policy.is_some()),
+            ("VRAMCAP_PRIORITY", get("VRAMCAP_PRIORITY").is_some()),
+            ("VRAMCAP_GROUP_RESERVE", !reserve.is_empty()),
+            ("VRAMCAP_GROUP_HEADROOM", !headroom.is_empty()),
+        ];
+        if let Some((var, _)) = set.iter().find(|(_, on)| *on) {
+            return Err(ConfigError {
+                var: var.to_string(),
+                value: get(var).unwrap_or_default().to_string(),
+                reason: "a group setting needs a group".into(),
+                expected: "VRAMCAP_GROUP=<name> (and VRAMCAP_GROUP_LIMIT) next to it".into(),
+            });
+        }
+    }
+    let group = (name.is_some() || hami).then_some(GroupConfig { name, limits, dir, policy, priority, reserve, headroom });
     if let Some(g) = &group
         && !g.dir.starts_with('/')
     {

@@ -12,9 +12,12 @@
 //! the memory (issue 15). Whoever next needs the budget (a member about to be denied, or the
 //! sidecar's sweep) finds the dead member by [`liveness`] and reclaims it.
 
+pub mod admit;
 pub mod file;
 pub mod guard;
 pub mod liveness;
+pub mod pressure;
+pub mod sharing;
 pub mod shm;
 
 use crate::config::{GroupConfig, limits::DeviceInfo, size::human};
@@ -65,6 +68,16 @@ pub fn view(dev: usize) -> Option<(u64, u64)> {
     }
     reclaim_now_and_then(s);
     Some((limit, d.used.load(Acquire)))
+}
+
+/// Like [`view`], but `used` is what this member cannot have: `limit − used` is what it could
+/// get now under the group's rules (the budget it may fill, less what the group holds and
+/// others' unmet reserves, plus its own unmet reserve, within its `equal` share).
+pub fn room(dev: usize) -> Option<(u64, u64)> {
+    let (limit, _) = view(dev)?;
+    let e = entry(dev)?;
+    let Some((s, slot)) = me() else { return view(dev) };
+    Some((limit, limit - s.available(slot, e).min(limit)))
 }
 
 #[cold]
@@ -125,6 +138,11 @@ pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>)
     let slot = register(s).ok_or_else(|| {
         format!("group ledger {}: all {} member slots are taken by live processes", path.display(), shm::SLOTS)
     })?;
+    // Policy, headroom, priority and reserve: refused here means the slot goes back at once.
+    if let Err(why) = sharing::join(s, slot, &name, cfg, devices, &entries) {
+        s.reclaim(slot, s.slots[slot].word.load(Acquire), std::process::id());
+        return Err(why);
+    }
     for (d, &e) in entries.iter().enumerate() {
         ENTRY[d].store(e as u16, Release);
     }
@@ -144,10 +162,12 @@ pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>)
 
 fn register(s: &Shared) -> Option<usize> {
     let (pid, (start, pidns)) = (std::process::id(), liveness::self_identity());
-    s.claim(pid, start, pidns).or_else(|| {
+    let slot = s.claim(pid, start, pidns).or_else(|| {
         reclaim_in(s);
         s.claim(pid, start, pidns)
-    })
+    })?;
+    sharing::describe(s, slot);
+    Some(slot)
 }
 
 /// Our slot, registering (cold) in a child after fork.
@@ -175,7 +195,7 @@ fn register_late(s: &Shared) -> Option<usize> {
 #[inline]
 pub fn reserve(dev: usize, size: u64) -> Result<(), Denied> {
     let (Some(s), Some(e)) = (shared(), entry(dev)) else { return Ok(()) };
-    let Some(slot) = my_slot(s) else { return Err(Denied { used: 0, limit: 0, group: true }) };
+    let Some(slot) = my_slot(s) else { return Err(Denied { used: 0, limit: 0, group: true, rule: shm::Rule::Budget }) };
     match s.charge(slot, e, size) {
         Ok(()) => Ok(()),
         Err(_) => reserve_after_reclaim(s, slot, e, size),
@@ -196,10 +216,10 @@ fn reserve_after_reclaim(s: &Shared, slot: usize, e: usize, size: u64) -> Result
                 name().unwrap_or("")
             ));
         }
-        return Err(Denied { used: 0, limit: 1, group: true });
+        return Err(Denied { used: 0, limit: 1, group: true, rule: shm::Rule::Budget });
     }
     reclaim_in(s);
-    s.charge(slot, e, size).map_err(|o| Denied { used: o.used, limit: o.limit, group: true })
+    s.charge(slot, e, size).map_err(|o| Denied { used: o.used, limit: o.limit, group: true, rule: o.rule })
 }
 
 /// The group step of `ledger::charge` (memory the driver already handed out).
@@ -241,7 +261,17 @@ fn install_process_hooks() {
     }
 }
 
-/// A child is a new member: it registers its own slot on its first charge.
+/// A child is a new member: it registers its own slot on its first charge (with the parent's
+/// priority, without its reserve or headroom: those were the parent's to claim).
 extern "C" fn forked_child() {
     MY_SLOT.store(NO_SLOT, Relaxed);
+}
+
+/// This process's slot and the mapped ledger, for [`sharing`] and [`pressure`].
+fn me() -> Option<(&'static Shared, usize)> {
+    let s = shared()?;
+    match MY_SLOT.load(Acquire) {
+        i @ 0..shm::SLOTS => Some((s, i)),
+        _ => None,
+    }
 }

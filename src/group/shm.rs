@@ -19,7 +19,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// 2: slots carry the member's PID namespace; claim and release publish with compare-and-swap.
-pub const VERSION: u32 = 2;
+/// 3: sharing policies (issue 17): the group's policy, live-member count, pressure counter and
+/// headroom holder; per device `held` (what admission decides on) and headroom; per member its
+/// priority, name, reserve and unmet reserve.
+pub const VERSION: u32 = 3;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
 pub const NAME_BYTES: usize = 64;
@@ -36,6 +39,18 @@ pub struct Header {
     pub limit_seq: AtomicU64,
     /// Group name, NUL-padded (for tools reading the file).
     pub name: [AtomicU64; NAME_BYTES / 8],
+    /// [`Policy`] as set by the group's first member; 0: not set yet.
+    pub policy: AtomicU32,
+    pub _pad: AtomicU32,
+    /// Slots not free (claimed, live or being emptied): the N of `equal`'s budget / N. Raised
+    /// before a slot is claimed and lowered after it is freed, so it is never too low (a share
+    /// is never too big).
+    pub members: AtomicU64,
+    /// Bumped when a member is denied or the free budget falls below the headroom: every member
+    /// trims its unused pool and graph memory at its next driver call (`group::pressure`).
+    pub pressure: AtomicU64,
+    /// The member that may use the headroom: `generation << 32 | (slot + 1)`; 0: nobody.
+    pub headroom_holder: AtomicU64,
 }
 
 #[repr(C, align(64))]
@@ -44,8 +59,14 @@ pub struct Device {
     pub key: AtomicU64,
     /// Bytes; 0 = no limit.
     pub limit: AtomicU64,
+    /// Bytes charged to live members (and dead ones not yet reclaimed).
     pub used: AtomicU64,
     pub peak: AtomicU64,
+    /// `used` plus every member's unmet reserve: what admission compares with the limit, in one
+    /// CAS (`group::admit`). Invariant: `held ≥ used + Σ unmet`; a kill midway leaves it higher.
+    pub held: AtomicU64,
+    /// Bytes of the limit kept for a member that is not running yet (`VRAMCAP_GROUP_HEADROOM`).
+    pub headroom: AtomicU64,
 }
 
 #[repr(C, align(64))]
@@ -57,8 +78,19 @@ pub struct Slot {
     /// Inode of the owner's PID namespace (`/proc/self/ns/pid`); its pid is a pid of that
     /// namespace. 0: unknown (judged as the observer's own namespace).
     pub pidns: AtomicU64,
+    /// `VRAMCAP_PRIORITY` as an `i64` (two's complement).
+    pub priority: AtomicU64,
+    /// The member's command name (`/proc/self/comm`), NUL-padded: denial lines name it.
+    pub comm: [AtomicU64; 2],
+    /// The last pressure count this member answered by trimming.
+    pub pressure_seen: AtomicU64,
     /// Bytes charged per device entry.
     pub charge: [AtomicU64; DEVICES],
+    /// `VRAMCAP_GROUP_RESERVE` per device entry, as claimed at start.
+    pub reserve: [AtomicU64; DEVICES],
+    /// The part of the reserve not in use (and not taken by a higher priority): counted in
+    /// `held`, so nobody else can take it.
+    pub unmet: [AtomicU64; DEVICES],
 }
 
 #[repr(C)]
@@ -135,10 +167,52 @@ pub fn device_key(id: &str) -> u64 {
     h.max(1)
 }
 
+/// A refused request: the group's `used` and `limit` on the device, and the rule that refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Over {
     pub used: u64,
     pub limit: u64,
+    pub rule: Rule,
+}
+
+/// Which rule of the group refused (issue 17: denial lines say which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// The budget itself (every policy).
+    Budget,
+    /// The last `headroom` bytes are kept for a member that is not running yet.
+    Headroom { headroom: u64 },
+    /// `equal`: the member's share of the budget.
+    Share { share: u64, budget: u64, members: u64 },
+    /// Unmet reserves of other members; `higher`: under `priority`, of higher priorities only
+    /// (lower ones were taken already). The member with the largest one is named.
+    Reserved { bytes: u64, pid: u32, comm: [u8; 16], higher: bool },
+}
+
+/// `VRAMCAP_GROUP_POLICY`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    Shared = 1,
+    Equal = 2,
+    Priority = 3,
+}
+
+impl Policy {
+    pub fn from_word(w: u32) -> Option<Policy> {
+        match w {
+            1 => Some(Policy::Shared),
+            2 => Some(Policy::Equal),
+            3 => Some(Policy::Priority),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Shared => "shared",
+            Policy::Equal => "equal",
+            Policy::Priority => "priority",
+        }
+    }
 }
 
 impl Shared {
@@ -204,58 +278,6 @@ impl Shared {
         old
     }
 
-    /// The single reservation step: one CAS on the device's `used`.
-    #[inline]
-    pub fn reserve(&self, e: usize, size: u64) -> Result<u64, Over> {
-        let d = &self.devices[e];
-        let limit = d.limit.load(Acquire);
-        let limit = if limit == 0 { u64::MAX } else { limit };
-        let mut cur = d.used.load(Relaxed);
-        loop {
-            let next = match cur.checked_add(size) {
-                Some(n) if n <= limit => n,
-                _ => return Err(Over { used: cur, limit }),
-            };
-            match d.used.compare_exchange_weak(cur, next, AcqRel, Relaxed) {
-                Ok(_) => return Ok(next),
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Reserve, then record the charge in `slot`.
-    #[inline]
-    pub fn charge(&self, slot: usize, e: usize, size: u64) -> Result<(), Over> {
-        let next = self.reserve(e, size)?;
-        // A kill between the two steps leaves `used` too high (stricter), never too low.
-        self.slots[slot].charge[e].fetch_add(size, AcqRel);
-        let d = &self.devices[e];
-        if next > d.peak.load(Relaxed) {
-            d.peak.fetch_max(next, Relaxed);
-        }
-        Ok(())
-    }
-
-    /// Charges memory the driver already handed out (see `ledger::charge`): no limit check.
-    pub fn charge_unchecked(&self, slot: usize, e: usize, size: u64) {
-        let next = self.devices[e].used.fetch_add(size, AcqRel).saturating_add(size);
-        self.slots[slot].charge[e].fetch_add(size, AcqRel);
-        let d = &self.devices[e];
-        if next > d.peak.load(Relaxed) {
-            d.peak.fetch_max(next, Relaxed);
-        }
-    }
-
-    /// Gives back up to `size` of what `slot` holds on `e`; returns what was given back. Never
-    /// more than the slot holds, so `used` stays ≥ the sum of the slots even for charges made
-    /// under another identity (e.g. inherited across fork).
-    #[inline]
-    pub fn uncharge(&self, slot: usize, e: usize, size: u64) -> u64 {
-        let taken = sub_saturating(&self.slots[slot].charge[e], size);
-        sub_saturating(&self.devices[e].used, taken);
-        taken
-    }
-
     /// Takes a free slot for a member. The identity is written while the slot is CLAIMING and
     /// published with a CAS: an observer that misjudged us and took the slot meanwhile makes the
     /// CAS fail, and we take another slot instead of sharing one.
@@ -267,14 +289,26 @@ impl Shared {
                 continue;
             }
             let claiming = SlotWord { state: State::Claiming, generation: sw.generation.wrapping_add(1), pid };
+            // Counted before the slot is taken: a kill in between leaves N too high (shares
+            // smaller), never too low.
+            self.header.members.fetch_add(1, AcqRel);
             if s.word.compare_exchange(w, claiming.pack(), AcqRel, Relaxed).is_ok() {
                 s.start.store(start, Release);
                 s.pidns.store(pidns, Release);
+                s.priority.store(0, Release);
+                for c in &s.comm {
+                    c.store(0, Relaxed);
+                }
+                s.pressure_seen.store(self.header.pressure.load(Acquire), Release);
                 let live = SlotWord { state: State::Live, ..claiming }.pack();
                 if s.word.compare_exchange(claiming.pack(), live, AcqRel, Relaxed).is_ok() {
                     return Some(i);
                 }
+                // Taken over by an observer that judged us dead: it frees the slot and lowers
+                // the count.
+                continue;
             }
+            sub_saturating(&self.header.members, 1);
         }
         None
     }
@@ -287,18 +321,28 @@ impl Shared {
         let mine = SlotWord { state: State::Reclaiming, generation: sw.generation, pid: me };
         s.word.compare_exchange(w, mine.pack(), AcqRel, Relaxed).ok()?;
         let mut total = 0;
-        for (e, c) in s.charge.iter().enumerate() {
+        for e in 0..DEVICES {
             // Zero the slot first: a kill right here leaks (stricter), never double-counts.
-            let held = c.swap(0, AcqRel);
-            if held > 0 {
-                sub_saturating(&self.devices[e].used, held);
-                total += held;
+            let charged = s.charge[e].swap(0, AcqRel);
+            let unmet = s.unmet[e].swap(0, AcqRel);
+            s.reserve[e].store(0, Release);
+            if charged > 0 {
+                sub_saturating(&self.devices[e].used, charged);
+                total += charged;
+            }
+            if charged + unmet > 0 {
+                sub_saturating(&self.devices[e].held, charged + unmet);
             }
         }
+        // The headroom goes back with its holder.
+        let token = holder_token(i, sw.generation);
+        let _ = self.header.headroom_holder.compare_exchange(token, 0, AcqRel, Relaxed);
         // A CAS, not a store: if another observer took the emptying over (it judged us dead),
         // exactly one of us frees the slot, and never over a member that claimed it since.
         let free = SlotWord { state: State::Free, generation: sw.generation, pid: 0 }.pack();
-        let _ = s.word.compare_exchange(mine.pack(), free, AcqRel, Relaxed);
+        if s.word.compare_exchange(mine.pack(), free, AcqRel, Relaxed).is_ok() {
+            sub_saturating(&self.header.members, 1);
+        }
         Some(total)
     }
 
@@ -341,7 +385,12 @@ impl Shared {
     }
 }
 
-fn sub_saturating(a: &AtomicU64, v: u64) -> u64 {
+/// The `headroom_holder` word naming slot `i` of generation `generation`.
+pub fn holder_token(i: usize, generation: u32) -> u64 {
+    ((generation as u64) << 32) | (i as u64 + 1)
+}
+
+pub(super) fn sub_saturating(a: &AtomicU64, v: u64) -> u64 {
     let mut cur = a.load(Relaxed);
     loop {
         let take = cur.min(v);
@@ -365,10 +414,10 @@ mod tests {
     #[test]
     fn layout_is_fixed() {
         // Changing this means changing VERSION: members built from different versions share files.
-        assert_eq!(std::mem::size_of::<Header>(), 96);
+        assert_eq!(std::mem::size_of::<Header>(), 128);
         assert_eq!(std::mem::size_of::<Device>(), 64);
-        assert_eq!(std::mem::size_of::<Slot>(), 576);
-        assert_eq!(LAYOUT_BYTES, 128 + 64 * 64 + 576 * 1024);
+        assert_eq!(std::mem::size_of::<Slot>(), 1600);
+        assert_eq!(LAYOUT_BYTES, 128 + 64 * 64 + 1600 * 1024);
         assert_eq!(std::mem::offset_of!(Shared, devices) % 64, 0);
     }
 
@@ -414,7 +463,7 @@ mod tests {
         s.set_limit(0, 100);
         let m = s.claim(10, 5, 7).unwrap();
         assert!(s.charge(m, 0, 60).is_ok());
-        assert_eq!(s.charge(m, 0, 41), Err(Over { used: 60, limit: 100 }));
+        assert_eq!(s.charge(m, 0, 41), Err(Over { used: 60, limit: 100, rule: Rule::Budget }));
         assert!(s.charge(m, 0, 40).is_ok());
         assert_eq!(s.uncharge(m, 0, 30), 30);
         assert_eq!(s.devices[0].used.load(Relaxed), 70);

@@ -180,7 +180,7 @@ fn plan(api: Hook, pool: Option<u64>, stream: CUstream, size: u64) -> Plan {
         Ok(()) => Plan::Go { slot, pool: p, dev, reserved: want },
         Err(d) => {
             let scope = if d.group { crate::group::name() } else { None };
-            crate::log::denied_in(crate::hooks::info(api).name, dev, size, d.used, d.limit, scope);
+            crate::log::denied_in(crate::hooks::info(api).name, dev, size, &d, scope);
             // The event's `used` is this process's charge, even when the group's budget refused.
             Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, ledger::used(dev))
         }

@@ -19,12 +19,33 @@ use crate::ffi::*;
 use crate::hooks::{Hook, real};
 use crate::ledger::{self, Denied};
 
-/// Reserves `bytes` on `dev`, relieving pressure once if they do not fit.
+/// Reserves `bytes` on `dev`, relieving pressure once if they do not fit: this process's own
+/// unused memory first, then (when the group refused) its neighbours' (`group::pressure`).
 pub fn reserve(dev: usize, bytes: u64) -> Result<(), Denied> {
-    ledger::reserve(dev, bytes).or_else(|_| {
+    ledger::reserve(dev, bytes)
+        .or_else(|_| {
+            relieve(dev);
+            ledger::reserve(dev, bytes)
+        })
+        .or_else(|d| if d.group && crate::group::pressure::ask(dev, bytes) { ledger::reserve(dev, bytes) } else { Err(d) })
+}
+
+/// At every driver call: when a neighbour in the group asked for memory since we last looked,
+/// give back what we hold unused, here, in the application's own thread.
+#[inline]
+pub fn answer_neighbours() {
+    if let Some(p) = crate::group::pressure::pending() {
+        answer(p);
+    }
+}
+
+#[cold]
+fn answer(p: u64) {
+    // Recorded first: a driver call made while trimming does not trim again.
+    crate::group::pressure::answered(p);
+    for dev in 0..ledger::device_count() {
         relieve(dev);
-        ledger::reserve(dev, bytes)
-    })
+    }
 }
 
 /// Gives back what this process's pools and graph memory on `dev` hold unused; returns whether
