@@ -143,6 +143,33 @@ fn a_high_job_takes_a_low_jobs_reserve() {
     assert!(t.contains("    1.0 GiB of its unmet reserve was taken by higher-priority members\n"), "{t}");
 }
 
+/// Limit 5 GiB, `--policy priority`. mid (priority 1), low1 and low2 (priority 0, low2 started
+/// later) reserve 1 GiB each: held 3 GiB. hi (priority 5) asks 2.5 GiB at 100 us: 0.5 GiB over,
+/// taken from low2 (lowest priority, latest started). hi asks 1 GiB at 200 us: held 5, 1 GiB
+/// over: low2's last 0.5 GiB, then 0.5 GiB of low1's; mid keeps its reserve. low2's 256 MiB at
+/// 300 us (+1 ns: its offset; 5.25 GiB) cannot take low1's reserve (equal priority): denied, with mid's 1 GiB in
+/// the way.
+#[test]
+fn reserves_are_taken_lowest_priority_first_then_latest_started() {
+    let dir = scratch("prio-order");
+    let hi = synth(&dir, "hi.jsonl", 1, &[(100_000, "alloc", 0x1000, 2560 * MIB, 2560 * MIB), (200_000, "alloc", 0x2000, GIB, 3584 * MIB)], 1_000_000);
+    let mid = synth(&dir, "mid.jsonl", 2, &[], 1_000_000);
+    let low1 = synth(&dir, "low1.jsonl", 3, &[], 1_000_000);
+    let low2 = synth(&dir, "low2.jsonl", 4, &[(300_000, "alloc", 0x1000, 256 * MIB, 256 * MIB)], 1_000_000);
+    let r = replay(&[
+        "--limit", "5GiB", "--policy", "priority", "--stagger", "0,0,0,1ns",
+        "--priority", "hi.jsonl=5", "--priority", "mid.jsonl=1",
+        "--reserve", "mid.jsonl=1GiB", "--reserve", "low1.jsonl=1GiB", "--reserve", "low2.jsonl=1GiB",
+        &hi, &mid, &low1, &low2,
+    ]);
+    let taken: Vec<u64> = (0..4).map(|i| r["traces"][i]["reserve_taken"].as_u64().unwrap()).collect();
+    assert_eq!(taken, [0, 0, GIB / 2, GIB], "{r}");
+    assert_eq!(r["traces"][0]["took_from_reserves"].as_u64(), Some(3 * GIB / 2));
+    assert_eq!((r["fits"].as_bool(), r["denials"].as_u64()), (Some(false), Some(1)));
+    let f = &r["first_denial"];
+    assert_eq!((f["pid"].as_u64(), f["t_ns"].as_u64(), f["rule"].as_str()), (Some(4), Some(300_001), Some("priority")));
+}
+
 /// Limit 4 GiB. a takes 3 GiB at 100 us; b starts at 1 ms asking a 2 GiB reserve on device 0
 /// (the per-device form): 3 + 2 > 4, refused. b then runs with reserve 0, so its 512 MiB at
 /// 1.1 ms fits (3.5 GiB); with the reserve kept it would not have (3 + 2 - 0.5 + 0.5 = 5 GiB).
