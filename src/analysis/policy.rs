@@ -243,10 +243,9 @@ impl Sim {
             return;
         }
         let s = new - old;
-        if e.op == Op::Alloc && self.devs[k].cfg.limit > 0 {
-            if let Err(rule) = self.admit(k, i, s) {
-                self.deny(i, Denial { t, dev: e.dev, size: s, api: Some(e.api), rule });
-            }
+        let checked = e.op == Op::Alloc && self.devs[k].cfg.limit > 0;
+        if let Some(rule) = checked.then(|| self.admit(k, i, s).err()).flatten() {
+            self.deny(i, Denial { t, dev: e.dev, size: s, api: Some(e.api), rule });
         }
         let d = &mut self.devs[k];
         let own = s.min(d.u[i]);
