@@ -135,6 +135,18 @@ enum Cmd {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// The traces as one vramcap group: how it admits allocations (docs/analysis.md).
+        #[arg(long, value_enum, default_value = "shared")]
+        policy: analysis::policy::Policy,
+        /// A member's priority, TRACE=N (TRACE: the path as given, or its file name; default 0).
+        #[arg(long, value_name = "TRACE=N")]
+        priority: Vec<String>,
+        /// Memory kept for a member from its start, TRACE=SIZE or TRACE=0=2GiB,1=1GiB.
+        #[arg(long, value_name = "TRACE=SIZE")]
+        reserve: Vec<String>,
+        /// Kept free for the next member to start beside running ones: SIZE or 0=2GiB,1=1GiB.
+        #[arg(long, value_name = "SIZE")]
+        headroom: Option<String>,
     },
     /// Run a command under vramcap: sets LD_PRELOAD and the variables, forwards signals, exits with its code.
     Run(cli::run::RunArgs),
@@ -260,11 +272,23 @@ fn main() {
             }
         }
         // Exit status 0: they fit, 1: they do not, 2: an error (as grep and diff).
-        Cmd::Replay { limit, traces, stagger, json } => analysis::replay::run(&limit, &traces, &stagger, json).map(|fits| {
-            if !fits {
-                std::process::exit(1);
-            }
-        }),
+        Cmd::Replay { limit, traces, stagger, json, policy, priority, reserve, headroom } => {
+            let o = analysis::replay::Opts {
+                limit: &limit,
+                paths: &traces,
+                stagger: &stagger,
+                json,
+                policy,
+                priority: &priority,
+                reserve: &reserve,
+                headroom: headroom.as_deref(),
+            };
+            analysis::replay::run(&o).map(|fits| {
+                if !fits {
+                    std::process::exit(1);
+                }
+            })
+        }
         Cmd::Run(a) => cli::run::main(a),
         Cmd::Demo(a) => cli::demo::main(a),
         Cmd::Doctor(a) => cli::doctor::main(a),

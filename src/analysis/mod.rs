@@ -11,4 +11,5 @@ pub mod export;
 pub mod memviz;
 pub mod pickle;
 pub mod plot;
+pub mod policy;
 pub mod replay;

@@ -11,8 +11,13 @@
 //! A process's memory leaves the replay when its trace ends: at the exit time in its summary, or,
 //! for a cut trace (killed, or still running), at its last event; the output says which.
 //! Exit status, as `grep` and `diff` do: 0 they fit, 1 they do not, 2 an error.
+//!
+//! The traces are also one vramcap group (src/analysis/policy.rs): with `--policy`,
+//! `--priority`, `--reserve` and `--headroom` the verdict is the chosen policy's, and the three
+//! policies are compared on the same input.
 
 use super::merge::{Align, MAX_DURATION_NS, Merged};
+use super::policy::{DevCfg, Denial, Policy, Sim};
 use super::stats::{Combined, next_used};
 use super::trace::Op;
 use crate::grammar::limits::{DeviceKey, Entry, parse_list};
@@ -45,8 +50,23 @@ impl End {
     }
 }
 
+/// `vramcap replay`'s arguments.
+pub struct Opts<'a> {
+    pub limit: &'a str,
+    pub paths: &'a [PathBuf],
+    pub stagger: &'a [u64],
+    pub json: bool,
+    pub policy: Policy,
+    /// `TRACE=N`, as given.
+    pub priority: &'a [String],
+    /// `TRACE=SIZE` or `TRACE=0=2g,1=1g`, as given.
+    pub reserve: &'a [String],
+    pub headroom: Option<&'a str>,
+}
+
 /// Ok(true): they fit; Ok(false): they do not (exit status 1).
-pub fn run(spec: &str, paths: &[PathBuf], stagger: &[u64], json_out: bool) -> Result<bool, String> {
+pub fn run(o: &Opts) -> Result<bool, String> {
+    let (spec, paths, stagger, json_out) = (o.limit, o.paths, o.stagger, o.json);
     // VRAMCAP_LIMIT's grammar, by the library's own parser: one size, or a per-device list.
     let limit = parse_list("--limit", spec).map_err(|e| format!("--limit {spec:?}: {}; expected {}", e.reason, e.expected))?;
     if let Some(e) = limit.iter().find(|e| matches!(e.key, Some(DeviceKey::Uuid(_)))) {
@@ -66,11 +86,42 @@ pub fn run(spec: &str, paths: &[PathBuf], stagger: &[u64], json_out: bool) -> Re
         n if n == paths.len() => stagger.to_vec(),
         n => return Err(format!("--stagger has {n} offsets for {} traces: give one per trace, or one step", paths.len())),
     };
+    let mut priority = vec![0i64; paths.len()];
+    for a in o.priority {
+        let (i, v) = assignment("--priority", a, paths, "TRACE=N (N an integer; higher wins)")?;
+        priority[i] = v.trim().parse().map_err(|_| format!("--priority {a:?}: `{v}` is not an integer; expected TRACE=N (N an integer; higher wins)"))?;
+    }
+    let mut reserve: Vec<Vec<Entry>> = vec![Vec::new(); paths.len()];
+    for a in o.reserve {
+        let expected = "TRACE=SIZE (e.g. a.jsonl=2GiB) or TRACE=0=2GiB,1=1GiB (per device)";
+        let (i, v) = assignment("--reserve", a, paths, expected)?;
+        reserve[i] = sizes("--reserve", a, v, expected)?;
+    }
+    let headroom = match o.headroom {
+        Some(h) => sizes("--headroom", h, h, "SIZE (e.g. 2GiB) or 0=2GiB,1=1GiB (per device)")?,
+        None => Vec::new(),
+    };
     let mut m = Merged::open(paths, Align::Offsets(offsets.clone()))?;
     let mut devs: Vec<Dev> = Vec::new();
-    let mut denials = 0u64;
-    // (time, trace, api, size, device)
-    let mut first_denial: Option<(u64, usize, u16, u64, i32)> = None;
+    let cfg_for = |m: &Merged, dev: i32| -> Result<DevCfg, String> {
+        let reserve = reserve.iter().map(|r| device_limit(m, r, dev)).collect::<Result<Vec<u64>, String>>()?;
+        Ok(DevCfg { index: dev, limit: device_limit(m, &limit, dev)?, headroom: device_limit(m, &headroom, dev)?, reserve })
+    };
+    // The three policies side by side; `chosen` gives the verdict.
+    let mut sims: Vec<Sim> = Policy::ALL.iter().map(|&p| Sim::new(p, priority.clone())).collect();
+    let chosen = Policy::ALL.iter().position(|&p| p == o.policy).unwrap_or(0);
+    let mut known: Vec<i32> = m.readers.iter().flat_map(|r| r.header.devices.iter().map(|d| d.index)).collect();
+    known.sort_unstable();
+    known.dedup();
+    for &dev in &known {
+        for sim in &mut sims {
+            sim.add_device(cfg_for(&m, dev)?, 0);
+        }
+    }
+    // Members start at their offsets.
+    let mut starts: Vec<(u64, usize)> = offsets.iter().enumerate().map(|(i, &o)| (o, i)).collect();
+    starts.sort_unstable();
+    let mut next_start = 0;
     let mut denied_in_trace = 0u64;
     let mut events = 0u64;
     let mut ends: Vec<Option<End>> = vec![None; m.readers.len()];
@@ -87,9 +138,23 @@ pub fn run(spec: &str, paths: &[PathBuf], stagger: &[u64], json_out: bool) -> Re
         let next = m.next();
         let now = next.as_ref().map_or(u64::MAX, |n| n.2);
         to_release.sort_unstable();
-        while to_release.first().is_some_and(|&(t, _)| t <= now) {
-            let (t, i) = to_release.remove(0);
-            release(&mut devs, i, t);
+        // Ends and starts up to now, in time order (an end before a start at the same time).
+        loop {
+            let end = to_release.first().map(|x| x.0).filter(|&t| t <= now);
+            let start = starts.get(next_start).map(|x| x.0).filter(|&t| t <= now);
+            match (end, start) {
+                (Some(te), ts) if ts.is_none_or(|ts| te <= ts) => {
+                    let (t, i) = to_release.remove(0);
+                    release(&mut devs, i, t);
+                    sims.iter_mut().for_each(|s| s.end(i));
+                }
+                (_, Some(ts)) => {
+                    let i = starts[next_start].1;
+                    next_start += 1;
+                    sims.iter_mut().for_each(|s| s.start(i, ts));
+                }
+                _ => break,
+            }
         }
         let Some((i, e, t)) = next else { break };
         events += 1;
@@ -111,12 +176,12 @@ pub fn run(spec: &str, paths: &[PathBuf], stagger: &[u64], json_out: bool) -> Re
             let used = next_used(d.used[i], &e);
             d.used[i] = used;
             d.usage.set(i, used, t);
-            if e.op == Op::Alloc && d.limit > 0 && d.usage.used > d.limit {
-                denials += 1;
-                if first_denial.is_none() {
-                    first_denial = Some((t, i, e.api, e.size, e.dev));
+            if !sims[0].has_device(e.dev) {
+                for sim in &mut sims {
+                    sim.add_device(cfg_for(&m, e.dev)?, t);
                 }
             }
+            sims.iter_mut().for_each(|s| s.event(i, &e, t));
         }
         // Several traces read one event ahead: past its last event, a trace's reader has also
         // read its summary (one trace alone ends with the stream, below).
@@ -134,13 +199,22 @@ pub fn run(spec: &str, paths: &[PathBuf], stagger: &[u64], json_out: bool) -> Re
     m.finish_progress();
     m.warn_input();
     devs.sort_by_key(|d| d.index);
-    let fits = first_denial.is_none();
+    let sim = &sims[chosen];
+    let fits = sim.fits();
     let end_of = |i: usize| ends[i].unwrap_or(End::LastEvent(0));
+    let who = |i: usize| format!("pid {} ({})", m.readers[i].header.pid, m.readers[i].path.display());
+    // "cuMemAlloc_v2 of 1.0 GiB", or "a reserve of 2.0 GiB".
+    let what = |x: &Denial| match x.api {
+        Some(api) => format!("{} of {}", m.names.get(api), human(x.size)),
+        None => format!("a reserve of {}", human(x.size)),
+    };
     if json_out {
         let map = |f: &dyn Fn(&Dev) -> Value| devs.iter().map(|d| (d.index.to_string(), f(d))).collect::<Map<String, Value>>();
-        let first = first_denial.map(|(t, i, api, size, dev)| {
-            json!({"t_ns": t, "pid": m.readers[i].header.pid, "file": m.readers[i].path, "api": m.names.get(api), "size": size, "device": dev})
-        });
+        let den = |i: usize, x: &Denial| {
+            json!({"t_ns": x.t, "pid": m.readers[i].header.pid, "file": m.readers[i].path, "api": x.api.map(|a| m.names.get(a)),
+                   "size": x.size, "device": x.dev, "rule": x.rule.key(), "reason": x.rule.text()})
+        };
+        let per_dev = |f: &dyn Fn(&DevCfg) -> u64| sim.devices().map(|d| (d.index.to_string(), json!(f(d)))).collect::<Map<String, Value>>();
         let traces: Vec<Value> = m
             .readers
             .iter()
@@ -150,21 +224,32 @@ pub fn run(spec: &str, paths: &[PathBuf], stagger: &[u64], json_out: bool) -> Re
                     End::Summary(t) => (t, "summary"),
                     End::LastEvent(t) => (t, "last_event"),
                 };
-                json!({"pid": r.header.pid, "file": r.path, "start_ns": offsets[i], "end_ns": end, "end_from": how})
+                json!({"pid": r.header.pid, "file": r.path, "start_ns": offsets[i], "end_ns": end, "end_from": how,
+                       "priority": priority[i], "reserve": per_dev(&|d| d.reserve[i]),
+                       "denials": sim.denials[i], "first_denial": sim.first[i].map(|x| den(i, &x)),
+                       "reserve_refused": sim.refused[i].iter().map(|x| json!({"t_ns": x.t, "device": x.dev, "size": x.size})).collect::<Vec<_>>(),
+                       "took_from_reserves": sim.took[i], "reserve_taken": sim.lost[i], "headroom_holder": sim.held_headroom[i]})
             })
+            .collect();
+        let policies: Map<String, Value> = sims
+            .iter()
+            .map(|s| (s.policy.name().to_string(), json!({"fits": s.fits(), "denials": s.total, "first_denial": s.first_overall.map(|(i, x)| den(i, &x))})))
             .collect();
         let out = json!({
             "fits": fits,
+            "policy": o.policy.name(),
             "peak": map(&|d| json!(d.usage.peak)),
             "peak_t_ns": map(&|d| json!(d.usage.peak_t)),
-            "first_denial_t_ns": first_denial.map(|f| f.0),
-            "first_denial": first,
+            "first_denial_t_ns": sim.first_overall.map(|f| f.1.t),
+            "first_denial": sim.first_overall.map(|(i, x)| den(i, &x)),
             "min_limit": map(&|d| json!(d.usage.peak)),
             "limit": map(&|d| if d.limit > 0 { json!(d.limit) } else { Value::Null }),
-            "denials": denials,
+            "headroom": per_dev(&|d| d.headroom),
+            "denials": sim.total,
             "denied_in_traces": denied_in_trace,
             "offsets_ns": offsets,
             "traces": traces,
+            "policies": policies,
             "events": events,
             "skipped_lines": m.skips.count,
         });
@@ -184,25 +269,98 @@ pub fn run(spec: &str, paths: &[PathBuf], stagger: &[u64], json_out: bool) -> Re
         let verdict = if d.limit == 0 || d.usage.peak <= d.limit { "fits" } else { "does NOT fit" };
         println!("device {}: combined peak {} at +{} against {cap}: {verdict}", d.index, human(d.usage.peak), secs(d.usage.peak_t));
     }
-    match first_denial {
-        None => println!("verdict: they fit"),
-        Some((t, i, api, size, dev)) => {
-            println!(
-                "verdict: they do not fit; the limit is first broken at +{} on device {dev} by pid {} ({}: {} of {}), {denials} allocation(s) over the limit",
-                secs(t),
-                m.readers[i].header.pid,
-                m.readers[i].path.display(),
-                m.names.get(api),
-                human(size),
-            );
-        }
+    let policy = o.policy.name();
+    match sim.first_overall {
+        None => println!("verdict: they fit (policy {policy})"),
+        Some((i, x)) => println!(
+            "verdict: they do not fit (policy {policy}); the limit is first broken at +{} on device {} by pid {} ({}: {}): {}; {} denial(s)",
+            secs(x.t),
+            x.dev,
+            m.readers[i].header.pid,
+            m.readers[i].path.display(),
+            what(&x),
+            x.rule.text(),
+            sim.total,
+        ),
     }
     let need: Vec<String> = devs.iter().map(|d| format!("device {}: {}", d.index, human(d.usage.peak))).collect();
     println!("smallest limit at which they fit: {}", need.join(", "));
     if denied_in_trace > 0 {
         println!("note: the traces themselves contain {denied_in_trace} denial(s); those requests were never charged and are not replayed");
     }
+    print!("{}", policy_text(o, sim, &sims, &who, &what));
     Ok(fits)
+}
+
+/// Per member under the chosen policy, then the three policies side by side.
+fn policy_text(o: &Opts, sim: &Sim, sims: &[Sim], who: &dyn Fn(usize) -> String, what: &dyn Fn(&Denial) -> String) -> String {
+    use std::fmt::Write;
+    let mut t = format!("policy {}, per member:\n", o.policy.name());
+    for i in 0..o.paths.len() {
+        let _ = match sim.first[i] {
+            None => writeln!(t, "  {}: no denials", who(i)),
+            Some(x) => writeln!(t, "  {}: {} denial(s), the first at +{} on device {} ({}): {}", who(i), sim.denials[i], secs(x.t), x.dev, what(&x), x.rule.text()),
+        };
+        for x in &sim.refused[i] {
+            let _ = writeln!(t, "    its reserve of {} on device {} was refused at its start (+{}): it runs with reserve 0 there", human(x.size), x.dev, secs(x.t));
+        }
+        if sim.took[i] > 0 {
+            let _ = writeln!(t, "    it took {} of lower-priority members' unmet reserves", human(sim.took[i]));
+        }
+        if sim.lost[i] > 0 {
+            let _ = writeln!(t, "    {} of its unmet reserve was taken by higher-priority members", human(sim.lost[i]));
+        }
+        for dev in &sim.held_headroom[i] {
+            let _ = writeln!(t, "    it holds the headroom on device {dev}");
+        }
+    }
+    let _ = writeln!(t, "policies compared (same traces, limit, reserves, headroom):");
+    let _ = writeln!(t, "  {:<9} {:<5} {:<8} first denied", "policy", "fits", "denials");
+    for s in sims {
+        let first = match s.first_overall {
+            None => "-".to_string(),
+            Some((i, x)) => format!("{} at +{} on device {}: {}", who(i), secs(x.t), x.dev, x.rule.text()),
+        };
+        let _ = writeln!(t, "  {:<9} {:<5} {:<8} {first}", s.policy.name(), if s.fits() { "yes" } else { "no" }, s.total);
+    }
+    t
+}
+
+/// `TRACE=VALUE`: the trace (by the path as given, or its file name) and the value. The split is
+/// at the first `=` whose left side names a trace (paths and values may contain `=`).
+fn assignment<'a>(flag: &str, arg: &'a str, paths: &[PathBuf], expected: &str) -> Result<(usize, &'a str), String> {
+    let mut first_name = None;
+    for (at, _) in arg.match_indices('=') {
+        let name = &arg[..at];
+        first_name.get_or_insert(name);
+        if let Some(i) = trace_named(flag, arg, name, paths)? {
+            return Ok((i, &arg[at + 1..]));
+        }
+    }
+    let Some(name) = first_name else { return Err(format!("{flag} {arg:?}: no `=`; expected {expected}")) };
+    let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    Err(format!("{flag} {arg:?}: `{name}` names none of the traces ({}); expected {expected}", names.join(", ")))
+}
+
+fn trace_named(flag: &str, arg: &str, name: &str, paths: &[PathBuf]) -> Result<Option<usize>, String> {
+    if let Some(i) = paths.iter().position(|p| p.as_os_str() == name) {
+        return Ok(Some(i));
+    }
+    let by_file: Vec<usize> = (0..paths.len()).filter(|&i| paths[i].file_name().is_some_and(|f| f == name)).collect();
+    match by_file.len() {
+        0 => Ok(None),
+        1 => Ok(Some(by_file[0])),
+        n => Err(format!("{flag} {arg:?}: `{name}` is the file name of {n} traces; give the path as on the command line")),
+    }
+}
+
+/// A size or per-device list, by the library's parser (UUID keys refused: traces record ordinals).
+fn sizes(flag: &str, arg: &str, v: &str, expected: &str) -> Result<Vec<Entry>, String> {
+    let e = parse_list(flag, v).map_err(|e| format!("{flag} {arg:?}: {}; expected {expected}", e.reason))?;
+    if e.iter().any(|e| matches!(e.key, Some(DeviceKey::Uuid(_)))) {
+        return Err(format!("{flag} {arg:?}: traces record devices by CUDA ordinal only; expected {expected}"));
+    }
+    Ok(e)
 }
 
 /// Trace i's end on the merged clock: its exit time from the summary, else its last event (at
