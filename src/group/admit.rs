@@ -83,7 +83,7 @@ impl Shared {
             0 => return (u64::MAX, u64::MAX, 0),
             l => l,
         };
-        let headroom = d.headroom.load(Relaxed).min(limit);
+        let headroom = self.headroom(e).min(limit);
         let budget = if headroom == 0 || self.holds_headroom(i) { limit } else { limit - headroom };
         (limit, budget, headroom)
     }

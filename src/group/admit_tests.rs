@@ -55,7 +55,7 @@ fn a_reserve_is_kept_for_its_member_and_comes_back_when_it_frees() {
 fn a_reserve_that_does_not_fit_is_refused_and_leaves_nothing() {
     let s = fresh(Policy::Shared, 100);
     let (a, b) = (member(s, 10, 0), member(s, 11, 0));
-    dev(s).headroom.store(10, Relaxed);
+    dev(s).headroom.store(11, Relaxed);
     s.claim_reserve(a, 0, 60).unwrap();
     // 60 + 40 > 100 - 10.
     assert!(s.claim_reserve(b, 0, 40).is_err());
@@ -122,7 +122,7 @@ fn priority_takes_lower_reserves_and_never_higher_ones() {
 #[test]
 fn the_headroom_is_kept_for_a_later_member_and_returns_with_it() {
     let s = fresh(Policy::Shared, 100);
-    dev(s).headroom.store(20, Relaxed);
+    dev(s).headroom.store(21, Relaxed);
     let a = member(s, 80, 0);
     assert!(!s.others_hold_memory(a));
     s.charge(a, 0, 80).unwrap();
@@ -160,7 +160,7 @@ fn a_member_killed_mid_request_leaves_held_high_never_low() {
 fn racing_members_never_pass_the_budget_under_any_policy() {
     for policy in [Policy::Shared, Policy::Equal, Policy::Priority] {
         let s = fresh(policy, 1000);
-        dev(s).headroom.store(100, Relaxed);
+        dev(s).headroom.store(101, Relaxed);
         let ts: Vec<_> = (0..8u32)
             .map(|t| {
                 std::thread::spawn(move || {

@@ -51,8 +51,9 @@ pub fn join(s: &Shared, slot: usize, name: &str, cfg: &GroupConfig, devices: &[D
     join_policy(s, slot, name, cfg)?;
     join_headroom(s, slot, name, cfg, devices, entries)?;
     claim_reserves(s, slot, name, cfg, devices, entries)?;
-    let headroom = entries.iter().any(|&e| s.devices[e].headroom.load(Acquire) > 0);
-    if headroom && s.others_hold_memory(slot) && s.try_take_headroom(slot) {
+    let headroom = entries.iter().any(|&e| s.headroom(e) > 0);
+    // A holder that died is not a holder: reclaim the dead before looking (cold, at start).
+    if headroom && s.others_hold_memory(slot) && (s.try_take_headroom(slot) || super::reclaim_in(s).0 > 0 && s.try_take_headroom(slot)) {
         crate::log::log_at!(
             crate::config::Level::Info,
             "group \"{name}\": this process started while the group was running and holds its headroom"
@@ -86,26 +87,29 @@ fn join_policy(s: &Shared, slot: usize, name: &str, cfg: &GroupConfig) -> Result
 }
 
 fn join_headroom(s: &Shared, slot: usize, name: &str, cfg: &GroupConfig, devices: &[DeviceInfo], entries: &[usize]) -> Result<(), String> {
-    if cfg.headroom.is_empty() {
-        return Ok(());
-    }
-    let want = cfg.headroom.resolve(devices).map_err(|e| e.to_string())?;
+    let want = if cfg.headroom.is_empty() { None } else { Some(cfg.headroom.resolve(devices).map_err(|e| e.to_string())?) };
     let mut others = None;
-    for (d, (&e, &w)) in entries.iter().zip(&want).enumerate() {
+    for (d, &e) in entries.iter().enumerate() {
         let dev = &s.devices[e];
+        // Never set (0): the first member sets it, to what it asks for or to none. Racing first
+        // members asking for the same value agree; one asking for none wins only if it is first.
+        let w = want.as_ref().map(|v| v[d]);
+        if dev.headroom.load(Acquire) == 0 {
+            s.set_headroom(e, 0, w.unwrap_or(0));
+        }
+        let Some(w) = w else { continue };
         let cur = dev.headroom.load(Acquire);
-        if cur == w {
+        if s.headroom(e) == w {
             continue;
         }
-        // Set by the first member: only a member alone in the group may change it.
-        let free_to_set = *others.get_or_insert_with(|| alone(s, slot));
-        if free_to_set && dev.headroom.compare_exchange(cur, w, AcqRel, Acquire).is_ok() {
+        // Set already: only a member alone in the group (the others are gone) may change it.
+        if *others.get_or_insert_with(|| alone(s, slot)) && s.set_headroom(e, cur, w) {
             continue;
         }
         return Err(format!(
             "group \"{name}\" device {d}: the group keeps a headroom of {} (set by its first member), and this \
              process asks for {} (VRAMCAP_GROUP_HEADROOM): a group has one headroom; leave it unset to use the group's",
-            human(dev.headroom.load(Acquire)),
+            human(s.headroom(e)),
             human(w)
         ));
     }
@@ -159,7 +163,7 @@ fn reserve_refusal(s: &Shared, slot: usize, name: &str, d: usize, e: usize, r: u
          in use {} (a reserve is claimed at start from what is free): lower the reserve, or start when the group has room",
         human(r),
         human(limit),
-        human(dev.headroom.load(Acquire)),
+        human(s.headroom(e)),
         human(dev.used.load(Acquire))
     )
 }
@@ -183,7 +187,7 @@ pub fn view() -> Option<MemberView> {
         devices.push((
             sl.reserve[e].load(Acquire),
             sl.unmet[e].load(Acquire),
-            s.devices[e].headroom.load(Acquire),
+            s.headroom(e),
             s.share(slot, e).map(|(share, _, _)| share),
         ));
     }

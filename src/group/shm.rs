@@ -65,7 +65,9 @@ pub struct Device {
     /// `used` plus every member's unmet reserve: what admission compares with the limit, in one
     /// CAS (`group::admit`). Invariant: `held ≥ used + Σ unmet`; a kill midway leaves it higher.
     pub held: AtomicU64,
-    /// Bytes of the limit kept for a member that is not running yet (`VRAMCAP_GROUP_HEADROOM`).
+    /// Bytes of the limit kept for a member that is not running yet (`VRAMCAP_GROUP_HEADROOM`),
+    /// plus one once set: 0 means no member has set it yet (the first one does, see
+    /// `group::sharing`). Read through [`Shared::headroom`].
     pub headroom: AtomicU64,
 }
 
@@ -267,6 +269,17 @@ impl Shared {
             }
         }
         None
+    }
+
+    /// The headroom of device entry `e` in bytes.
+    #[inline]
+    pub fn headroom(&self, e: usize) -> u64 {
+        self.devices[e].headroom.load(Acquire).saturating_sub(1)
+    }
+
+    /// Sets the headroom of `e` if it is still `cur_raw` (the stored word); false if it changed.
+    pub fn set_headroom(&self, e: usize, cur_raw: u64, bytes: u64) -> bool {
+        self.devices[e].headroom.compare_exchange(cur_raw, bytes.saturating_add(1), AcqRel, Acquire).is_ok()
     }
 
     /// Sets a device's group limit (0 = none); returns the previous one.

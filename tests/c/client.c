@@ -453,6 +453,15 @@ int client_run(const struct cu_api *api, int argc, char **argv)
             struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
             nanosleep(&ts, NULL);
             out("sleep ok");
+        } else if (!strcmp(op, "poll")) {
+            /* A busy job: N driver calls (cuCtxSynchronize) MS milliseconds apart. */
+            long n = parse_long(ARG()), ms = parse_long(ARG());
+            struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+            for (long k = 0; k < n; k++) {
+                A->cuCtxSynchronize();
+                nanosleep(&ts, NULL);
+            }
+            out("poll ok");
         } else if (!strcmp(op, "exitsleep")) {
             g_exit_sleep_ms = parse_long(ARG());
             atexit(exit_sleep);
