@@ -24,7 +24,7 @@ fn ledger(dir: &Path, name: &str) -> file::Mapping {
 
 /// Device 0 is the first device every member maps, so it has entry 0.
 fn used0(m: &file::Mapping) -> u64 {
-    m.shm.devices[0].used.load(SeqCst)
+    m.shm.used(0)
 }
 
 #[test]

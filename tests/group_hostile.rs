@@ -61,7 +61,7 @@ fn ledger(dir: &Path, name: &str) -> file::Mapping {
 }
 
 fn used0(m: &file::Mapping) -> u64 {
-    m.shm.devices[0].used.load(SeqCst)
+    m.shm.used(0)
 }
 
 #[test]

@@ -61,7 +61,7 @@ fn equal_shares_follow_members_joining_and_leaving_and_nothing_is_taken_back() {
     let c = member(&dir, "eq", &env).args(["init ctx 0 sleep 60000"]).spawn();
     std::thread::sleep(Duration::from_millis(300));
     let m = ledger(&dir, "eq");
-    assert_eq!(m.shm.devices[0].used.load(SeqCst), 150 * MIB, "nothing was taken back");
+    assert_eq!(m.shm.used(0), 150 * MIB, "nothing was taken back");
     // Denial lines are at most one a second per process: let the next one be printed.
     std::thread::sleep(Duration::from_millis(1100));
     touch(&go(&dir, 2));
@@ -94,12 +94,12 @@ fn priority_keeps_a_higher_members_minimum_and_takes_from_lower_ones() {
     assert_eq!(low.wait_for("alloc").rc(), 0);
     let m = ledger(&dir, "prio");
     let d = &m.shm.devices[0];
-    assert_eq!((d.used.load(SeqCst), d.held.load(SeqCst)), (201 * MIB, 900 * MIB), "used 201 + unmet 600 (H) + 99 (L)");
+    assert_eq!((m.shm.used(0), d.held.load(SeqCst)), (201 * MIB, 900 * MIB), "used 201 + unmet 600 (H) + 99 (L)");
     // H: 700 MiB (600 from its reserve, 100 free), then 99 MiB taken from L's unmet reserve.
     touch(&go(&dir, 1));
     assert_eq!(high.wait_for("alloc").rc(), 0);
     assert_eq!(high.wait_for("alloc").rc(), 0, "a higher priority takes a lower member's unmet reserve");
-    assert_eq!((d.used.load(SeqCst), d.held.load(SeqCst)), (1000 * MIB, 1000 * MIB));
+    assert_eq!((m.shm.used(0), d.held.load(SeqCst)), (1000 * MIB, 1000 * MIB));
     assert_eq!(m.shm.slots.iter().map(|s| s.unmet[0].load(SeqCst)).sum::<u64>(), 0);
     assert_ne!(high.wait_for("alloc").rc(), 0, "and never past the budget");
     // L's reserve was taken: not even 1 MiB more until it frees.
@@ -204,13 +204,13 @@ fn pressure_makes_a_busy_neighbour_trim_its_pool_for_a_denied_member() {
         let mut b = member(&dir, "pr", &[("VRAMCAP_GROUP_LIMIT", "256m")]).args([script]).spawn();
         assert_eq!(b.wait_for("sync").rc(), 0);
         let m = ledger(&dir, "pr");
-        assert_eq!(m.shm.devices[0].used.load(SeqCst), 200 * MIB, "the pool keeps what was freed");
+        assert_eq!(m.shm.used(0), 200 * MIB, "the pool keeps what was freed");
         let t = Instant::now();
         let out = member(&dir, "pr", &[]).args(["init ctx 0 alloc 100m"]).run();
         let took = t.elapsed();
         if busy {
             assert_eq!(out.nth("alloc", 0).rc(), 0, "the neighbour trimmed: {}", out.stderr);
-            assert!(m.shm.devices[0].used.load(SeqCst) <= 100 * MIB);
+            assert!(m.shm.used(0) <= 100 * MIB);
         } else {
             assert_ne!(out.nth("alloc", 0).rc(), 0, "an idle neighbour gives nothing back: {}", out.stderr);
             println!("denied after waiting {took:?} (bounded by 100 ms plus start-up)");
@@ -242,7 +242,7 @@ fn a_killed_member_loses_nothing_under_any_policy() {
         assert_eq!(out.nth("alloc", 0).rc(), 0, "{policy}: {}", out.stderr);
         group::reclaim_in(m.shm);
         let d = &m.shm.devices[0];
-        assert_eq!((d.used.load(SeqCst), d.held.load(SeqCst), m.shm.members()), (0, 0, 0), "{policy}");
+        assert_eq!((m.shm.used(0), d.held.load(SeqCst), m.shm.members()), (0, 0, 0), "{policy}");
         assert_eq!(m.shm.header.members.load(SeqCst), 0, "{policy}: the member count came back too");
         assert_eq!(m.shm.header.headroom_holder.load(SeqCst), 0, "{policy}");
     }
@@ -310,7 +310,7 @@ fn sixteen_racing_processes_never_pass_the_budget_under_any_policy() {
         let m = ledger(&dir, "race");
         group::reclaim_in(m.shm);
         let d = &m.shm.devices[0];
-        assert_eq!((d.used.load(SeqCst), d.held.load(SeqCst), m.shm.members()), (0, 0, 0), "{policy}: the ledger ends empty");
+        assert_eq!((m.shm.used(0), d.held.load(SeqCst), m.shm.members()), (0, 0, 0), "{policy}: the ledger ends empty");
         assert!(d.peak.load(SeqCst) <= limit);
     }
 }

@@ -56,10 +56,31 @@ fn refill(a: &AtomicU64, v: u64, cap: u64) -> u64 {
     }
 }
 
-fn note_peak(d: &super::shm::Device, used: u64) {
-    if used > d.peak.load(Relaxed) {
+fn note_peak(d: &super::shm::Device, held: u64) {
+    // Unmet reserves are not use: only a member with a reserve pays the second load.
+    if held > d.peak.load(Relaxed) {
+        let used = held.saturating_sub(d.unmet.load(Relaxed));
         d.peak.fetch_max(used, Relaxed);
     }
+}
+
+/// Takes up to `v` of slot `s`'s unmet reserve on `e`, keeping the device's sum in step.
+#[inline]
+fn take_own(d: &super::shm::Device, unmet: &AtomicU64, v: u64) -> u64 {
+    let t = take(unmet, v);
+    if t > 0 {
+        sub_saturating(&d.unmet, t);
+    }
+    t
+}
+
+/// Puts `v` back into an unmet reserve (and the device's sum), up to `cap`; returns it.
+fn give_unmet(d: &super::shm::Device, unmet: &AtomicU64, v: u64, cap: u64) -> u64 {
+    let back = refill(unmet, v, cap);
+    if back > 0 {
+        d.unmet.fetch_add(back, AcqRel);
+    }
+    back
 }
 
 impl Shared {
@@ -90,8 +111,12 @@ impl Shared {
 
     /// `equal`'s share of slot `i` on `e`: (share, budget it divides, members).
     pub fn share(&self, i: usize, e: usize) -> Option<(u64, u64, u64)> {
+        // The policy word first: a read-mostly line, so `shared` and `priority` pay one load.
+        if self.header.policy.load(Relaxed) != Policy::Equal as u32 {
+            return None;
+        }
         let (limit, _, headroom) = self.budget(i, e);
-        if self.policy() != Policy::Equal || limit == u64::MAX {
+        if limit == u64::MAX {
             return None;
         }
         let n = self.header.members.load(Acquire).max(1);
@@ -107,7 +132,7 @@ impl Shared {
         let (d, s) = (&self.devices[e], &self.slots[i]);
         let (limit, budget, headroom) = self.budget(i, e);
         // The member's own unmet reserve first: that part is in `held` already.
-        let own = take(&s.unmet[e], size);
+        let own = take_own(d, &s.unmet[e], size);
         let need = size - own;
         let mut stolen: Vec<(usize, u64)> = Vec::new();
         let held_after = match add_bounded(&d.held, need, budget) {
@@ -128,31 +153,29 @@ impl Shared {
                     Some(h) => h,
                     None => {
                         self.give_back(e, &stolen);
-                        refill(&s.unmet[e], own, u64::MAX);
+                        give_unmet(d, &s.unmet[e], own, u64::MAX);
                         let rule = self.why(i, e, held, need, limit, budget, headroom, policy);
-                        return Err(Over { used: d.used.load(Acquire), limit, rule });
+                        return Err(Over { used: self.used(e), limit, rule });
                     }
                 }
             }
         };
         let got: u64 = stolen.iter().map(|&(_, b)| b).sum();
-        let used = d.used.fetch_add(size, AcqRel).saturating_add(size);
         match self.share(i, e) {
             Some((share, base, n)) => {
                 if add_bounded(&s.charge[e], size, share).is_err() {
-                    sub_saturating(&d.used, size);
                     sub_saturating(&d.held, need - got);
-                    refill(&s.unmet[e], own, u64::MAX);
+                    give_unmet(d, &s.unmet[e], own, u64::MAX);
                     self.give_back(e, &stolen);
                     let rule = Rule::Share { share, budget: base, members: n };
-                    return Err(Over { used: d.used.load(Acquire), limit, rule });
+                    return Err(Over { used: self.used(e), limit, rule });
                 }
             }
             None => {
                 s.charge[e].fetch_add(size, AcqRel);
             }
         }
-        note_peak(d, used);
+        note_peak(d, held_after);
         if headroom > 0 {
             let free_after = limit.saturating_sub(held_after);
             let free_before = free_after.saturating_add(need - got);
@@ -179,11 +202,10 @@ impl Shared {
     /// Charges memory the driver already handed out: no rule applies, it exists.
     pub fn charge_unchecked(&self, i: usize, e: usize, size: u64) {
         let (d, s) = (&self.devices[e], &self.slots[i]);
-        let own = take(&s.unmet[e], size);
-        d.held.fetch_add(size - own, AcqRel);
-        let used = d.used.fetch_add(size, AcqRel).saturating_add(size);
+        let own = take_own(d, &s.unmet[e], size);
+        let held = d.held.fetch_add(size - own, AcqRel).saturating_add(size - own);
         s.charge[e].fetch_add(size, AcqRel);
-        note_peak(d, used);
+        note_peak(d, held);
     }
 
     /// A reservation without a member (tests, and tools probing a ledger): budget only.
@@ -193,8 +215,7 @@ impl Shared {
             0 => u64::MAX,
             l => l,
         };
-        add_bounded(&d.held, size, limit).map_err(|_| Over { used: d.used.load(Acquire), limit, rule: Rule::Budget })?;
-        Ok(d.used.fetch_add(size, AcqRel) + size)
+        add_bounded(&d.held, size, limit).map_err(|_| Over { used: self.used(e), limit, rule: Rule::Budget })
     }
 
     /// Gives back up to `size` of what slot `i` holds on `e`; returns what was given back. Never
@@ -205,8 +226,7 @@ impl Shared {
         let (d, s) = (&self.devices[e], &self.slots[i]);
         let taken = sub_saturating(&s.charge[e], size);
         let r = s.reserve[e].load(Relaxed);
-        let back = if r == 0 { 0 } else { refill(&s.unmet[e], taken, r.saturating_sub(s.charge[e].load(Acquire))) };
-        sub_saturating(&d.used, taken);
+        let back = if r == 0 { 0 } else { give_unmet(d, &s.unmet[e], taken, r.saturating_sub(s.charge[e].load(Acquire))) };
         sub_saturating(&d.held, taken - back);
         taken
     }
@@ -219,10 +239,11 @@ impl Shared {
         let budget = limit.saturating_sub(headroom);
         if let Err(held) = add_bounded(&d.held, bytes, budget) {
             let rule = self.why(i, e, held, bytes, limit, budget, headroom, Policy::Shared);
-            return Err(Over { used: d.used.load(Acquire), limit, rule });
+            return Err(Over { used: self.used(e), limit, rule });
         }
         self.slots[i].reserve[e].fetch_add(bytes, AcqRel);
         self.slots[i].unmet[e].fetch_add(bytes, AcqRel);
+        d.unmet.fetch_add(bytes, AcqRel);
         Ok(())
     }
 
@@ -231,6 +252,7 @@ impl Shared {
         let s = &self.slots[i];
         let u = s.unmet[e].swap(0, AcqRel);
         s.reserve[e].store(0, Release);
+        sub_saturating(&self.devices[e].unmet, u);
         sub_saturating(&self.devices[e].held, u);
     }
 
@@ -258,7 +280,7 @@ impl Shared {
             if left == 0 {
                 break;
             }
-            let got = take(&self.slots[j].unmet[e], left);
+            let got = take_own(&self.devices[e], &self.slots[j].unmet[e], left);
             if got > 0 {
                 out.push((j, got));
                 left -= got;
@@ -270,7 +292,7 @@ impl Shared {
     /// Returns pieces taken by [`take_from_lower`] that stayed counted in `held`.
     fn give_back(&self, e: usize, pieces: &[(usize, u64)]) {
         for &(j, b) in pieces {
-            self.slots[j].unmet[e].fetch_add(b, AcqRel);
+            give_unmet(&self.devices[e], &self.slots[j].unmet[e], b, u64::MAX);
         }
     }
 
@@ -315,7 +337,7 @@ impl Shared {
 
     /// Sum over devices of what live members other than `i` hold (is the group running?).
     pub fn others_hold_memory(&self, i: usize) -> bool {
-        (0..DEVICES).any(|e| self.devices[e].used.load(Acquire) > self.slots[i].charge[e].load(Acquire))
+        (0..DEVICES).any(|e| self.used(e) > self.slots[i].charge[e].load(Acquire))
     }
 
     /// Makes slot `i` the headroom holder if nobody (alive) holds it: for a member that starts

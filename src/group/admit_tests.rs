@@ -31,7 +31,7 @@ fn a_reserve_is_kept_for_its_member_and_comes_back_when_it_frees() {
     let s = fresh(Policy::Shared, 100);
     let (a, b) = (member(s, 10, 0), member(s, 11, 0));
     s.claim_reserve(a, 0, 30).unwrap();
-    assert_eq!((dev(s).held.load(Relaxed), dev(s).used.load(Relaxed)), (30, 0));
+    assert_eq!((dev(s).held.load(Relaxed), s.used(0)), (30, 0));
     assert!(matches!(rule(s.charge(b, 0, 71)), Rule::Reserved { bytes: 30, pid: 10, higher: false, .. }));
     s.charge(b, 0, 70).unwrap();
     // A's own reserve: no new budget needed.
@@ -45,10 +45,10 @@ fn a_reserve_is_kept_for_its_member_and_comes_back_when_it_frees() {
     s.charge(a, 0, 10).unwrap();
     // B frees: leaves the group.
     s.uncharge(b, 0, 70);
-    assert_eq!((dev(s).held.load(Relaxed), dev(s).used.load(Relaxed)), (30, 30));
+    assert_eq!((dev(s).held.load(Relaxed), s.used(0)), (30, 30));
     // A dies: charge and reserve come back at once.
     s.reclaim(a, s.slots[a].word.load(Relaxed), 1);
-    assert_eq!((dev(s).held.load(Relaxed), dev(s).used.load(Relaxed)), (0, 0));
+    assert_eq!((dev(s).held.load(Relaxed), s.used(0)), (0, 0));
 }
 
 #[test]
@@ -71,7 +71,7 @@ fn equal_shares_follow_members_and_nothing_is_taken_back() {
     let m: Vec<usize> = (0..4).map(|k| member(s, 20 + k, 0)).collect();
     s.charge(m[0], 0, 25).unwrap();
     assert_eq!(rule(s.charge(m[0], 0, 1)), Rule::Share { share: 25, budget: 100, members: 4 });
-    assert_eq!(dev(s).used.load(Relaxed), 25, "a refused share leaves no charge");
+    assert_eq!(s.used(0), 25, "a refused share leaves no charge");
     assert_eq!(dev(s).held.load(Relaxed), 25);
     // One leaves: shares grow to 33.
     s.reclaim(m[3], s.slots[m[3]].word.load(Relaxed), 1);
@@ -174,7 +174,7 @@ fn racing_members_never_pass_the_budget_under_any_policy() {
                     for i in 0..20_000u64 {
                         let size = 1 + i % 97;
                         if s.charge(m, 0, size).is_ok() {
-                            assert!(dev(s).used.load(Relaxed) <= 1000, "{policy:?}");
+                            assert!(s.used(0) <= 1000, "{policy:?}");
                             s.uncharge(m, 0, size);
                         }
                     }
@@ -185,7 +185,7 @@ fn racing_members_never_pass_the_budget_under_any_policy() {
             .collect();
         let slots: Vec<usize> = ts.into_iter().map(|t| t.join().unwrap()).collect();
         let unmet: u64 = slots.iter().map(|&m| s.slots[m].unmet[0].load(Relaxed)).sum();
-        assert_eq!(dev(s).used.load(Relaxed), 0, "{policy:?}");
+        assert_eq!(s.used(0), 0, "{policy:?}");
         assert_eq!(dev(s).held.load(Relaxed), unmet, "{policy:?}: held = used + unmet when quiet");
         assert!(dev(s).peak.load(Relaxed) <= 1000);
         for m in slots {

@@ -247,9 +247,9 @@ mod tests {
         assert_eq!(m.shm.name(), "u");
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o660);
-        m.shm.devices[0].used.store(5, std::sync::atomic::Ordering::Relaxed);
+        m.shm.devices[0].held.store(5, std::sync::atomic::Ordering::Relaxed);
         let again = open_or_create(&p, "u").unwrap();
-        assert_eq!(again.shm.devices[0].used.load(std::sync::atomic::Ordering::Relaxed), 5, "one shared file");
+        assert_eq!(again.shm.used(0), 5, "one shared file");
         std::fs::write(&p, b"short").unwrap();
         assert!(open_existing(&p).err().unwrap().contains("truncated"));
         std::fs::write(&p, vec![0u8; LAYOUT_BYTES]).unwrap();

@@ -67,7 +67,7 @@ pub fn view(dev: usize) -> Option<(u64, u64)> {
         return None;
     }
     reclaim_now_and_then(s);
-    Some((limit, d.used.load(Acquire)))
+    Some((limit, s.used(e)))
 }
 
 /// Like [`view`], but `used` is what this member cannot have: `limit − used` is what it could

@@ -137,7 +137,6 @@ fn claim_reserves(s: &Shared, slot: usize, name: &str, cfg: &GroupConfig, device
 
 /// "what is reserved by whom": every other member's reserve and use on the device.
 fn reserve_refusal(s: &Shared, slot: usize, name: &str, d: usize, e: usize, r: u64, limit: u64) -> String {
-    let dev = &s.devices[e];
     let mut by = Vec::new();
     let mut reserved = 0;
     for (j, o) in s.slots.iter().enumerate() {
@@ -164,7 +163,7 @@ fn reserve_refusal(s: &Shared, slot: usize, name: &str, d: usize, e: usize, r: u
         human(r),
         human(limit),
         human(s.headroom(e)),
-        human(dev.used.load(Acquire))
+        human(s.used(e))
     )
 }
 

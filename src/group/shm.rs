@@ -59,12 +59,15 @@ pub struct Device {
     pub key: AtomicU64,
     /// Bytes; 0 = no limit.
     pub limit: AtomicU64,
-    /// Bytes charged to live members (and dead ones not yet reclaimed).
-    pub used: AtomicU64,
-    pub peak: AtomicU64,
-    /// `used` plus every member's unmet reserve: what admission compares with the limit, in one
-    /// CAS (`group::admit`). Invariant: `held ≥ used + Σ unmet`; a kill midway leaves it higher.
+    /// What members hold (charged to live members, and dead ones not yet reclaimed) plus every
+    /// member's unmet reserve: what admission compares with the limit, in one CAS
+    /// (`group::admit`). The only word every allocation of the group writes. Invariant:
+    /// `held ≥ charges + unmet`; a kill midway leaves it higher (stricter), never lower.
     pub held: AtomicU64,
+    /// The highest `held − unmet` seen (what members held at most).
+    pub peak: AtomicU64,
+    /// Σ of the members' unmet reserves (written only by members with a reserve).
+    pub unmet: AtomicU64,
     /// Bytes of the limit kept for a member that is not running yet (`VRAMCAP_GROUP_HEADROOM`),
     /// plus one once set: 0 means no member has set it yet (the first one does, see
     /// `group::sharing`). Read through [`Shared::headroom`].
@@ -271,6 +274,13 @@ impl Shared {
         None
     }
 
+    /// What the group's members hold on device entry `e` (the held budget less unmet reserves).
+    #[inline]
+    pub fn used(&self, e: usize) -> u64 {
+        let d = &self.devices[e];
+        d.held.load(Acquire).saturating_sub(d.unmet.load(Acquire))
+    }
+
     /// The headroom of device entry `e` in bytes.
     #[inline]
     pub fn headroom(&self, e: usize) -> u64 {
@@ -339,9 +349,9 @@ impl Shared {
             let charged = s.charge[e].swap(0, AcqRel);
             let unmet = s.unmet[e].swap(0, AcqRel);
             s.reserve[e].store(0, Release);
-            if charged > 0 {
-                sub_saturating(&self.devices[e].used, charged);
-                total += charged;
+            total += charged;
+            if unmet > 0 {
+                sub_saturating(&self.devices[e].unmet, unmet);
             }
             if charged + unmet > 0 {
                 sub_saturating(&self.devices[e].held, charged + unmet);
@@ -479,12 +489,12 @@ mod tests {
         assert_eq!(s.charge(m, 0, 41), Err(Over { used: 60, limit: 100, rule: Rule::Budget }));
         assert!(s.charge(m, 0, 40).is_ok());
         assert_eq!(s.uncharge(m, 0, 30), 30);
-        assert_eq!(s.devices[0].used.load(Relaxed), 70);
+        assert_eq!(s.used(0), 70);
         // More than the slot holds: only what it holds leaves the group.
         let other = s.claim(11, 5, 7).unwrap();
         s.charge(other, 0, 20).unwrap();
         assert_eq!(s.uncharge(m, 0, 1000), 70);
-        assert_eq!(s.devices[0].used.load(Relaxed), 20);
+        assert_eq!(s.used(0), 20);
         assert_eq!(s.devices[0].peak.load(Relaxed), 100);
         s.set_limit(0, 0);
         assert!(s.charge(m, 0, u64::MAX / 2).is_ok(), "0 = no limit");
@@ -504,7 +514,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(s.reclaim_dead(1, &oracle), (1, 500));
-        assert_eq!(s.devices[3].used.load(Relaxed), 70);
+        assert_eq!(s.used(3), 70);
         assert_eq!(SlotWord::unpack(s.slots[live].word.load(Relaxed)).state, State::Live);
         assert_eq!(s.slots[live].charge[3].load(Relaxed), 70);
         assert_eq!(s.reclaim_dead(1, &oracle), (0, 0), "exactly once");
@@ -514,7 +524,7 @@ mod tests {
         assert_eq!(again, dead);
         s.charge(again, 3, 5).unwrap();
         assert_eq!(s.reclaim(again, stale, 1), None);
-        assert_eq!(s.devices[3].used.load(Relaxed), 75);
+        assert_eq!(s.used(3), 75);
         assert_eq!(s.members(), 2);
     }
 
@@ -531,7 +541,7 @@ mod tests {
             ms.iter().map(|m| if m.pid == 60 || m.pid == 50 { Liveness::Dead } else { Liveness::Alive }).collect::<Vec<_>>()
         };
         assert_eq!(s.reclaim_dead(7, &oracle), (1, 8));
-        assert_eq!(s.devices[0].used.load(Relaxed), 0);
+        assert_eq!(s.used(0), 0);
         assert_eq!(s.members(), 0);
     }
 
@@ -552,7 +562,7 @@ mod tests {
         assert!(s.slots[m].word.compare_exchange(a, free, AcqRel, Relaxed).is_err());
         assert_eq!(SlotWord::unpack(s.slots[m].word.load(Relaxed)).state, State::Live);
         assert_eq!((s.slots[m].pidns.load(Relaxed), s.slots[m].start.load(Relaxed)), (7, 2));
-        assert_eq!(s.devices[0].used.load(Relaxed), 0);
+        assert_eq!(s.used(0), 0);
     }
 
     #[test]
@@ -565,7 +575,7 @@ mod tests {
                     let m = s.claim(1000 + t, 1, 7).unwrap();
                     for i in 0..20_000u64 {
                         if s.charge(m, 0, 1 + i % 13).is_ok() {
-                            assert!(s.devices[0].used.load(Relaxed) <= 1000);
+                            assert!(s.used(0) <= 1000);
                             s.uncharge(m, 0, 1 + i % 13);
                         }
                     }
@@ -576,7 +586,7 @@ mod tests {
         for t in ts {
             assert_eq!(t.join().unwrap(), 0);
         }
-        assert_eq!(s.devices[0].used.load(Relaxed), 0);
+        assert_eq!(s.used(0), 0);
         assert!(s.devices[0].peak.load(Relaxed) <= 1000);
     }
 }
