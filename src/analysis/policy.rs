@@ -5,8 +5,8 @@
 //! reserve u = max(0, r - c) (less what higher-priority members took); held = Σ c + Σ u over the
 //! live members.
 //! - Start: the reserve is claimed if held + r <= L - H, else it is refused (the member runs with
-//!   reserve 0). A member starting while the others hold memory (Σ c > 0) and nobody holds the
-//!   headroom becomes its holder until it ends.
+//!   reserve 0). A member starting while the others hold memory (Σ c > 0 on any device) and
+//!   nobody holds the headroom becomes its holder, for every device, until it ends.
 //! - Allocation of s: t = min(s, u_m); granted iff held - t + s <= L - H (holder: <= L).
 //!   `equal` also needs c_m + s <= (L - H) / N (+ H for the holder), N live members; `priority`
 //!   may cover a shortfall from the unmet reserves of strictly lower-priority members (lowest
@@ -100,7 +100,6 @@ struct Dev {
     u: Vec<u64>,
     /// The reserve in force (0 once refused at start).
     r: Vec<u64>,
-    holder: Option<usize>,
 }
 
 pub struct Sim {
@@ -110,6 +109,8 @@ pub struct Sim {
     rank: Vec<u64>,
     next_rank: u64,
     devs: Vec<Dev>,
+    /// The member holding the headroom: one for the whole group, as in the ledger.
+    holder: Option<usize>,
     /// Per member: allocations denied, the first denial, reserves refused at start.
     pub denials: Vec<u64>,
     pub first: Vec<Option<Denial>>,
@@ -133,6 +134,7 @@ impl Sim {
             rank: vec![0; n],
             next_rank: 0,
             devs: Vec::new(),
+            holder: None,
             denials: vec![0; n],
             first: vec![None; n],
             refused: vec![Vec::new(); n],
@@ -161,7 +163,7 @@ impl Sim {
     /// in the order they started.
     pub fn add_device(&mut self, cfg: DevCfg, t: u64) {
         let n = self.live.len();
-        self.devs.push(Dev { cfg, c: vec![0; n], u: vec![0; n], r: vec![0; n], holder: None });
+        self.devs.push(Dev { cfg, c: vec![0; n], u: vec![0; n], r: vec![0; n] });
         let k = self.devs.len() - 1;
         let mut order: Vec<usize> = (0..n).filter(|&i| self.live[i]).collect();
         order.sort_by_key(|&i| self.rank[i]);
@@ -174,6 +176,14 @@ impl Sim {
         self.live[i] = true;
         self.rank[i] = self.next_rank;
         self.next_rank += 1;
+        // The headroom's holder (group-wide, as `group::sharing::join`): a member starting while
+        // others hold memory on any device and no live member holds it.
+        let others_hold = self.devs.iter().any(|d| (0..self.live.len()).any(|j| j != i && self.live[j] && d.c[j] > 0));
+        if self.holder.is_none() && others_hold && self.devs.iter().any(|d| d.cfg.headroom > 0) {
+            self.holder = Some(i);
+            let devs: Vec<i32> = self.devs.iter().filter(|d| d.cfg.headroom > 0).map(|d| d.cfg.index).collect();
+            self.held_headroom[i].extend(devs);
+        }
         for k in 0..self.devs.len() {
             self.claim(k, i, t);
         }
@@ -184,9 +194,9 @@ impl Sim {
         for d in &mut self.devs {
             d.c[i] = 0;
             d.u[i] = 0;
-            if d.holder == Some(i) {
-                d.holder = None;
-            }
+        }
+        if self.holder == Some(i) {
+            self.holder = None;
         }
     }
 
@@ -196,15 +206,8 @@ impl Sim {
     }
 
     fn claim(&mut self, k: usize, i: usize, t: u64) {
-        let others_hold = (0..self.live.len()).any(|j| j != i && self.live[j] && self.devs[k].c[j] > 0);
         let held = self.held(k);
         let d = &mut self.devs[k];
-        if d.holder.is_none() && others_hold {
-            d.holder = Some(i);
-            if d.cfg.headroom > 0 {
-                self.held_headroom[i].push(d.cfg.index);
-            }
-        }
         let r = d.cfg.reserve[i];
         if r == 0 {
             return;
@@ -262,7 +265,7 @@ impl Sim {
         let live: Vec<usize> = (0..self.live.len()).filter(|&j| j != i && self.live[j]).collect();
         let d = &self.devs[k];
         let (l, h) = (d.cfg.limit, d.cfg.headroom);
-        let holder = d.holder == Some(i);
+        let holder = self.holder == Some(i);
         let cap = if holder { l } else { l.saturating_sub(h) };
         let new_held = held.saturating_sub(s.min(d.u[i])).saturating_add(s);
         // Under `priority`, what the lower members' unmet reserves could cover, in taking order.
