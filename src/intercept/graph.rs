@@ -251,7 +251,8 @@ fn plan(api: Hook, exec: CUgraphExec) -> Plan {
             for &(u, b) in &want[..i] {
                 ledger::release(u as usize, b);
             }
-            crate::log::denied(crate::hooks::info(api).name, d as usize, bytes, denied.used, denied.limit);
+            let scope = if denied.group { crate::group::name() } else { None };
+            crate::log::denied_in(crate::hooks::info(api).name, d as usize, bytes, &denied, scope);
             return Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, d as i32, bytes, denied.used);
         }
     }
