@@ -1,11 +1,11 @@
 //! Memory pressure under a virtual cap.
 //!
-//! On a physically full device the driver itself releases the unused memory that pools and
-//! graphs keep reserved before it reports an out-of-memory error (see docs/architecture.md,
-//! "Pressure"). Under vramcap's cap the device is not full, so the driver never feels that
-//! pressure: without this module a pool that keeps freed blocks (release threshold at max, as
-//! PyTorch's `cudaMallocAsync` backend sets it) would make vramcap deny requests the driver would
-//! have served. So before any denial, this process's pools are trimmed (`cuMemPoolTrimTo(pool,
+//! Pools keep freed memory up to their release threshold, and graphs keep their memory reserved,
+//! all of it counted against the cap (docs/architecture.md, "Pressure", says what the CUDA
+//! programming guide promises about it). Without this module a pool that keeps freed blocks
+//! (release threshold at max, as PyTorch's `cudaMallocAsync` backend sets it) would make vramcap
+//! deny a job what its own unused cache could cover. So before any denial, this process's pools
+//! are trimmed (`cuMemPoolTrimTo(pool,
 //! 0)`: only unused memory goes) and its graph memory too (`cuDeviceGraphMemTrim`), their
 //! charges re-read, and only then is the request decided again.
 //!
