@@ -529,3 +529,30 @@ FC_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
         return CUDA_ERROR_NOT_INITIALIZED;
     return dptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
+
+/*
+ * Sparse and mipmapped arrays are not modelled: the fake device has no sparse array support
+ * (CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED is 0), so mapping into one is not supported,
+ * as a real device without that support answers.
+ */
+static CUresult map_array_async(void *mapInfoList, unsigned int count, CUstream hStream)
+{
+    (void)mapInfoList;
+    (void)count;
+    (void)hStream;
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+FC_API CUresult cuMemMapArrayAsync(void *mapInfoList, unsigned int count, CUstream hStream)
+{
+    FC_COUNT(cuMemMapArrayAsync);
+    return map_array_async(mapInfoList, count, hStream);
+}
+
+FC_API CUresult cuMemMapArrayAsync_ptsz(void *mapInfoList, unsigned int count, CUstream hStream)
+{
+    FC_COUNT(cuMemMapArrayAsync_ptsz);
+    return map_array_async(mapInfoList, count, hStream);
+}

@@ -173,6 +173,12 @@ hook_table! {
     Cuda "cuMemRetainAllocationHandle" 11000 false
         fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult
             => vmm::retain_handle;
+    /// Sparse-array mappings keep VMM memory alive where vramcap cannot follow them: refused.
+    Cuda "cuMemMapArrayAsync" 11010 false
+        fn cuMemMapArrayAsync(info: *mut c_void, count: c_uint, stream: CUstream) -> CUresult => vmm::map_array_async;
+    Cuda "cuMemMapArrayAsync" 11010 true
+        fn cuMemMapArrayAsync_ptsz(info: *mut c_void, count: c_uint, stream: CUstream) -> CUresult
+            => vmm::map_array_async_ptsz;
     Cuda "cuMemImportFromShareableHandle" 10020 false
         fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os: *mut c_void, kind: c_int)
             -> CUresult => vmm::import_shareable;

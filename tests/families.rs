@@ -238,3 +238,27 @@ fn nvml_before_cuda_shows_the_cap() {
     let t: Vec<(u64, u64)> = out.of("nvml").iter().map(|l| (l.num("total") / MIB, l.num("free") / MIB)).collect();
     assert_eq!(t, vec![(2048, 2048), (1024, 768), (2048, 2048)]);
 }
+
+/// A handle mapped into a sparse array keeps its memory after `cuMemRelease` and every
+/// `cuMemUnmap`, so vramcap refuses `cuMemMapArrayAsync` (both ABIs) before the driver reads the
+/// list, says why once, and the bare driver shows the call would otherwise have reached it.
+#[test]
+fn sparse_array_mappings_are_refused_before_the_driver_sees_them() {
+    let ops = "init ctx 0 maparray maparrayp calls cuMemMapArrayAsync calls cuMemMapArrayAsync_ptsz";
+    for c in CLIENTS {
+        let out = run(c, "256m", ops);
+        assert_eq!(rcs(&out, "maparray"), vec![801, 801], "{c}: CUDA_ERROR_NOT_SUPPORTED");
+        assert_eq!(out.nth("calls", 0).num("n"), 0, "{c}: the driver never read the list");
+        assert_eq!(out.nth("calls", 1).num("n"), 0, "{c}: nor the _ptsz one's");
+        assert_eq!(out.stderr.lines().filter(|l| l.contains("sparse array")).count(), 1, "{c}: one line says why:\n{}", out.stderr);
+        assert!(out.stderr.contains("cuMemMapArrayAsync"), "{c}: {}", out.stderr);
+
+        let bare = Run::client(c).bare().args([ops]).run();
+        bare.ok();
+        assert_eq!(bare.nth("calls", 0).num("n") + bare.nth("calls", 1).num("n"), 2, "{c}: bare, both reach the driver");
+    }
+    // VRAMCAP_DISABLE=1 passes it through like everything else.
+    let off = Run::client("client_linked").env("VRAMCAP_DISABLE", "1").args([ops]).run();
+    off.ok();
+    assert_eq!(off.nth("calls", 0).num("n"), 1);
+}

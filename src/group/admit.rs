@@ -360,3 +360,7 @@ impl Shared {
 #[cfg(test)]
 #[path = "admit_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "charge_tests.rs"]
+mod charge_tests;

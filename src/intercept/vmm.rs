@@ -11,7 +11,8 @@ use crate::events::Op;
 use crate::ffi::*;
 use crate::hooks::{Hook, real};
 use crate::ledger::Kind;
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub unsafe fn create(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult {
     let Some(f) = real::cuMemCreate() else { return MISSING_REAL };
@@ -123,4 +124,44 @@ pub unsafe fn import_shareable(handle: *mut CUmemGenericAllocationHandle, os: *m
         }
         rc
     })
+}
+
+/// `cuMemMapArrayAsync(_ptsz)` maps physical VMM memory into sparse CUDA arrays, in stream order,
+/// described by `CUarrayMapInfo` entries. Such a mapping keeps a handle's memory alive after
+/// `cuMemRelease` and every `cuMemUnmap`, and it ends when the stream reaches an unmap entry or
+/// the array is destroyed: vramcap would have to follow tiles of arrays in stream order to know
+/// when the memory goes. Until it does, the call is refused before the driver reads the list
+/// (`CUDA_ERROR_NOT_SUPPORTED`, what a device without sparse array support answers), with one
+/// line saying why: passing it through would let released memory outlive its charge.
+/// `VRAMCAP_DISABLE=1` passes it through with everything else.
+pub unsafe fn map_array_async(info: *mut c_void, count: c_uint, stream: CUstream) -> CUresult {
+    let Some(f) = real::cuMemMapArrayAsync() else { return MISSING_REAL };
+    if mode() == Mode::PassThrough {
+        return unsafe { f(info, count, stream) };
+    }
+    refuse_array_mapping(Hook::cuMemMapArrayAsync)
+}
+
+pub unsafe fn map_array_async_ptsz(info: *mut c_void, count: c_uint, stream: CUstream) -> CUresult {
+    let Some(f) = real::cuMemMapArrayAsync_ptsz() else { return MISSING_REAL };
+    if mode() == Mode::PassThrough {
+        return unsafe { f(info, count, stream) };
+    }
+    refuse_array_mapping(Hook::cuMemMapArrayAsync_ptsz)
+}
+
+fn refuse_array_mapping(api: Hook) -> CUresult {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        guarded((), || {
+            crate::log::write_line(&format!(
+                "vramcap: {} refused (CUDA_ERROR_NOT_SUPPORTED): memory mapped into a sparse array outlives \
+                 cuMemRelease and cuMemUnmap, and vramcap cannot follow it, so it cannot keep the cap; \
+                 run without sparse array mappings, or with VRAMCAP_DISABLE=1 where no cap is wanted",
+                crate::hooks::info(api).name
+            ))
+        });
+    }
+    emit(Op::Fail, api, -1, 0, 0, Timed::instant(CUDA_ERROR_NOT_SUPPORTED), 0);
+    CUDA_ERROR_NOT_SUPPORTED
 }

@@ -18,6 +18,7 @@
  *   total DEV            -> total rc=N bytes=B                (cuDeviceTotalMem_v2)
  *   stats DEV            -> stats alloc_calls=.. free_calls=.. bytes_held=..
  *                           live_allocs=.. peak=.. total=..   (fake's own view)
+ *   calls NAME           -> calls name=NAME n=N  (how often the fake's NAME ran: reached the driver)
  *   threads T N MAX SEED -> threads ok=A oom=O other=E
  *   bench N SIZE         -> bench ns_per_pair=X errors=E
  *   sleep MS             -> sleep ok
@@ -359,6 +360,20 @@ static void op_stats(long dev)
         s.alloc_calls, s.free_calls, s.bytes_held, s.live_allocs, s.peak_bytes, s.total_bytes);
 }
 
+/* How often the fake driver's exported NAME was called, read below any interposer. */
+static void op_calls(const char *name)
+{
+    unsigned long long (*calls)(const char *);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+
+    calls = h ? (unsigned long long (*)(const char *))dlsym(h, "fakecuda_calls") : NULL;
+    if (!calls) {
+        out("calls rc=-1");
+        return;
+    }
+    out("calls name=%s n=%llu", name, calls(name));
+}
+
 const struct cu_api *client_A;
 
 unsigned long long client_parse_size(const char *s) { return parse_size(s); }
@@ -434,6 +449,8 @@ int client_run(const struct cu_api *api, int argc, char **argv)
             out("version rc=%d v=%d", rc, v);
         } else if (!strcmp(op, "stats")) {
             op_stats(parse_long(ARG()));
+        } else if (!strcmp(op, "calls")) {
+            op_calls(ARG());
         } else if (!strcmp(op, "threads")) {
             long nt = parse_long(ARG());
             unsigned long long n = parse_size(ARG());

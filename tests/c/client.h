@@ -28,6 +28,8 @@
     X(cuMemAddressFree, "cuMemAddressFree", 10020, 0) \
     X(cuMemMap, "cuMemMap", 10020, 0) \
     X(cuMemUnmap, "cuMemUnmap", 10020, 0) \
+    X(cuMemMapArrayAsync, "cuMemMapArrayAsync", 11010, 0) \
+    X(cuMemMapArrayAsync_ptsz, "cuMemMapArrayAsync", 11010, 2) \
     X(cuMemSetAccess, "cuMemSetAccess", 10020, 0) \
     X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0) \
     X(cuMemPoolCreate, "cuMemPoolCreate", 11020, 0) \

@@ -8,6 +8,7 @@
  *   vmmhost SIZE         -> vmmhost rc=N slot=K             (cuMemCreate, host location)
  *   vmmmap K             -> vmmmap rc=N                     (reserve, map twice, set access, write, unmap, free)
  *   release K            -> release rc=N                    (cuMemRelease)
+ *   maparray | maparrayp -> maparray rc=N                   (cuMemMapArrayAsync / _ptsz, one zeroed entry)
  *   async SIZE | asyncp SIZE -> async rc=N slot=K           (cuMemAllocAsync / _ptsz, default stream)
  *   freeasync K | freeasyncp K -> freeasync rc=N
  *   defpool DEV          -> pool rc=N id=P                  (cuDeviceGetDefaultMemPool)
@@ -225,6 +226,13 @@ int client_extra_op(const struct cu_api *A, const char *op, int argc, char **arg
     if (!strcmp(op, "release")) {
         OUT("release rc=%d", A->cuMemRelease(slot(ARG(0))));
         return 1;
+    }
+    if (!strcmp(op, "maparray") || !strcmp(op, "maparrayp")) {
+        /* A zeroed map-info buffer: vramcap must refuse before the driver reads it. */
+        unsigned long long info[16] = { 0 };
+        rc = (op[8] ? A->cuMemMapArrayAsync_ptsz : A->cuMemMapArrayAsync)(info, 1, NULL);
+        OUT("maparray rc=%d", rc);
+        return 0;
     }
     if (!strcmp(op, "async") || !strcmp(op, "asyncp")) {
         rc = (op[5] ? A->cuMemAllocAsync_ptsz : A->cuMemAllocAsync)(&p, num(ARG(0)), NULL);
