@@ -141,6 +141,9 @@ fn dropped_events_make_the_leak_list_say_it_is_incomplete() {
     ok(&["plot", &p, "-o", svg.to_str().unwrap()]);
     let svg = std::fs::read_to_string(svg).unwrap();
     assert!(svg.contains("group \"team\" budget 1.5 GiB") || svg.contains("group &quot;team&quot; budget 1.5 GiB"), "{svg}");
+    // Its end is the summary's 0 B, not the 1 MiB the events alone leave held, and it says why.
+    assert!(svg.contains("0 B at end (1 event(s) dropped)"), "{svg}");
+    assert!(svg.contains("all: 0 B held at the end"), "{svg}");
 }
 
 /// A free written after the re-allocation of its address (stamped before it) is matched with

@@ -642,4 +642,14 @@ fn suppressed_denials_are_counted_at_exit_and_in_the_summary() {
     // Without a trace the exit line comes all the same.
     let out = Run::client("client_procaddr").env("VRAMCAP_LIMIT", "1g").args(["init ctx 0 alloc 2g alloc 2g alloc 2g"]).run();
     assert!(out.ok().stderr.contains("vramcap: 2 more denial(s) not shown"), "{}", out.stderr);
+    // A line printed after the interval carries the count of those held back before it; then
+    // nothing is left for the exit line.
+    let out = Run::client("client_procaddr")
+        .env("VRAMCAP_LIMIT", "1g")
+        .args(["init ctx 0 alloc 2g alloc 2g alloc 2g sleep 1100 alloc 2g"])
+        .run();
+    let lines: Vec<&str> = out.ok().stderr.lines().filter(|l| l.starts_with("vramcap: denied")).collect();
+    assert_eq!(lines.len(), 2, "{}", out.stderr);
+    assert!(!lines[0].contains("not shown") && lines[1].ends_with("(2 more denials not shown)"), "{}", out.stderr);
+    assert!(!out.stderr.contains("more denial(s) not shown"), "{}", out.stderr);
 }

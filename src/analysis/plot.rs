@@ -124,6 +124,17 @@ pub fn plot(paths: &[PathBuf], out: &Path) -> Result<(), String> {
             last_t = last_t.max(m.base[i].saturating_add(t));
         }
     }
+    // The summary's charge at exit is the truth; events alone end elsewhere when some were dropped
+    // (a false leak, or a leak hidden). The last step goes to the summary's figure at the end.
+    for k in 0..g.series.len() {
+        let (i, dev, used) = (g.series[k].proc_idx, g.series[k].dev, g.series[k].used);
+        let Some(s) = m.readers[i].summary.as_ref() else { continue };
+        if let Some(exit) = s.used_at_exit(dev).filter(|&u| u != used) {
+            let t = s.t_ns.map_or(last_t, |t| m.base[i].saturating_add(t));
+            g.record(k, t, used, exit);
+            g.series[k].used = exit;
+        }
+    }
     draw(&m, &g, last_t, out).map_err(|e| format!("{}: cannot draw: {e}", out.display()))?;
     if g.dropped_marks > 0 {
         eprintln!("vramcap: {} more denials not marked (the plot marks the first {MAX_MARKS})", g.dropped_marks);
@@ -205,7 +216,9 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &Path) -> Result<(), Box<dyn std
             chart.draw_series(AreaSeries::new(pts, 0.0, color.mix(0.45)).border_style(color.stroke_width(1)))?;
             let s = &g.series[k];
             let c = color.to_rgba();
-            legend.push((format!("pid {} ({}): {} at end", h.pid, clean(&h.exe), crate::size::human(s.used)), RGBColor(c.0, c.1, c.2), false));
+            let dropped = m.readers[g.series[k].proc_idx].summary.as_ref().map_or(0, |s| s.dropped);
+            let note = if dropped > 0 { format!(" ({dropped} event(s) dropped)") } else { String::new() };
+            legend.push((format!("pid {} ({}): {} at end{note}", h.pid, clean(&h.exe), crate::size::human(s.used)), RGBColor(c.0, c.1, c.2), false));
         }
         for &gc in &group_caps {
             let y = gc as f64 / GIB;
