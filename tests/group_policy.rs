@@ -263,6 +263,8 @@ fn sixteen_racing_processes_never_pass_the_budget_under_any_policy() {
                 let prio = (i % 3).to_string();
                 let mut env = vec![("VRAMCAP_GROUP_LIMIT", "256m".to_string()), ("VRAMCAP_GROUP_POLICY", policy.to_string()), ("VRAMCAP_PRIORITY", prio)];
                 env.push(("VRAMCAP_GROUP_HEADROOM", "16m".into()));
+                // The fake's device counters, shared by all 16 as one physical GPU would be.
+                env.push(("FAKECUDA_SHARED_DEVICE", dir.join("device").to_string_lossy().into_owned()));
                 if i % 4 == 0 {
                     env.push(("VRAMCAP_GROUP_RESERVE", "8m".into()));
                 }
@@ -306,6 +308,14 @@ fn sixteen_racing_processes_never_pass_the_budget_under_any_policy() {
         }
         println!("{policy}: {} allocations, {oom} denied, {refused} reserves refused, at most {} MiB held together", events.len() / 2, max as u64 / MIB);
         assert!(max as u64 <= limit, "{policy}: the processes held {max} bytes together, limit {limit}");
+        // The device's own view: what the driver handed out to all of them at once, at any instant.
+        let dev = std::fs::read(dir.join("device")).unwrap();
+        let word = |i: usize| u64::from_ne_bytes(dev[i * 8..i * 8 + 8].try_into().unwrap());
+        let (device_held, device_peak) = (word(0), word(1));
+        println!("{policy}: the shared device's peak {} MiB, {} bytes held at the end", device_peak / MIB, device_held);
+        assert!(device_peak <= limit, "{policy}: the device held {device_peak} bytes at once, limit {limit}");
+        assert!(device_peak >= max as u64, "{policy}: the device saw less than the clients held ({device_peak} < {max})");
+        assert_eq!(device_held, 0, "{policy}: every allocation was freed");
         assert!(oom > 0, "{policy}: the budget must have been contended");
         let m = ledger(&dir, "race");
         group::reclaim_in(m.shm);
