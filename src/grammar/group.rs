@@ -267,4 +267,32 @@ mod tests {
         assert!(parse(&[("VRAMCAP_GROUP_LIMIT", "1g")]).unwrap_err().to_string().contains("needs a group"));
         assert_eq!(parse(&[("VRAMCAP_GROUP", "g"), ("VRAMCAP_GROUP_LIMIT", "lots")]).unwrap_err().var, "VRAMCAP_GROUP_LIMIT");
     }
+
+    #[test]
+    fn sharing_settings_parse_and_bad_ones_name_their_variable() {
+        let g = |v: &[(&str, &str)]| parse(v).unwrap().1.unwrap();
+        let base = [("VRAMCAP_GROUP", "t"), ("VRAMCAP_GROUP_LIMIT", "8g")];
+        let c = g(&[base[0], base[1], ("VRAMCAP_GROUP_POLICY", "priority"), ("VRAMCAP_PRIORITY", "-5"), ("VRAMCAP_GROUP_RESERVE", "0=1g,1=2g"), ("VRAMCAP_GROUP_HEADROOM", "512m")]);
+        assert_eq!((c.policy, c.priority), (Some(PolicyName::Priority), -5));
+        assert_eq!((c.reserve.entries.len(), c.headroom.entries.len()), (2, 1), "the per-device list form and a uniform size");
+        assert_eq!(g(&base).priority, 0, "default priority");
+        for (var, v, says) in [
+            ("VRAMCAP_GROUP_POLICY", "fair", "not a policy"),
+            ("VRAMCAP_PRIORITY", "high", "not an integer"),
+            ("VRAMCAP_PRIORITY", "1.5", "not an integer"),
+            ("VRAMCAP_PRIORITY", "99999999999", "not an integer"),
+            ("VRAMCAP_GROUP_RESERVE", "lots", ""),
+            ("VRAMCAP_GROUP_HEADROOM", "1=", ""),
+        ] {
+            let e = parse(&[base[0], base[1], (var, v)]).unwrap_err();
+            assert_eq!(e.var, var, "{var}={v}: {e}");
+            assert!(e.to_string().contains(says) && e.to_string().contains("expected"), "{var}={v}: {e}");
+        }
+        // Without a group a sharing setting would be ignored: an error instead.
+        for (var, v) in [("VRAMCAP_GROUP_POLICY", "equal"), ("VRAMCAP_PRIORITY", "3"), ("VRAMCAP_GROUP_RESERVE", "1g"), ("VRAMCAP_GROUP_HEADROOM", "1g")] {
+            let e = parse(&[("VRAMCAP_LIMIT", "8g"), (var, v)]).unwrap_err();
+            assert_eq!(e.var, var);
+            assert!(e.to_string().contains("needs a group"), "{e}");
+        }
+    }
 }

@@ -100,7 +100,10 @@ impl LimitSpec {
     /// Limits in bytes per visible device (0 = no limit).
     pub fn resolve(&self, devices: &[DeviceInfo]) -> Result<Vec<u64>, ConfigError> {
         let mut out = vec![0u64; devices.len()];
-        for e in &self.entries {
+        // Which entry of a list set each device: one list naming a device twice (`0=1g,0=2g`, or an
+        // ordinal and that GPU's UUID) is ambiguous, so an error, never "the last one wins".
+        let mut set_by: Vec<Option<usize>> = vec![None; devices.len()];
+        for (n, e) in self.entries.iter().enumerate() {
             let err = |reason: String| ConfigError {
                 var: e.var.clone(),
                 value: e.text.clone(),
@@ -130,6 +133,15 @@ impl LimitSpec {
                 }
             };
             for d in targets {
+                if e.key.is_some() {
+                    if let Some(first) = set_by[d].filter(|&f| self.entries[f].var == e.var) {
+                        return Err(ConfigError {
+                            expected: "each device named once in a list".into(),
+                            ..err(format!("device {d} is named twice in one list (`{}` and `{}`)", self.entries[first].text, e.text))
+                        });
+                    }
+                    set_by[d] = Some(n);
+                }
                 out[d] = e.size.bytes_for(devices[d].total);
             }
         }
@@ -192,6 +204,18 @@ mod tests {
     fn spec(vars: &[(&str, &str)]) -> Result<LimitSpec, ConfigError> {
         let family = if vars.iter().any(|(k, _)| k.starts_with("VRAMCAP")) { "VRAMCAP_LIMIT" } else { "CUDA_DEVICE_MEMORY_LIMIT" };
         LimitSpec::from_family(vars.iter().map(|(k, v)| (*k, *v)), family)
+    }
+
+    #[test]
+    fn a_device_named_twice_in_one_list_is_an_error() {
+        for v in ["0=1g,0=2g", "0=1g,GPU-8932f937=2g", "GPU-8932f938=1g,1=2g"] {
+            let e = spec(&[("VRAMCAP_LIMIT", v)]).unwrap().resolve(&devs()).unwrap_err();
+            assert_eq!(e.var, "VRAMCAP_LIMIT");
+            assert!(e.to_string().contains("named twice"), "{e}");
+        }
+        // An override of another variable is not a repetition: it is what `_<i>` is for.
+        let s = spec(&[("VRAMCAP_LIMIT", "0=1g,1=1g"), ("VRAMCAP_LIMIT_1", "2g")]).unwrap();
+        assert_eq!(s.resolve(&devs()).unwrap(), vec![G, 2 * G]);
     }
 
     #[test]
