@@ -174,6 +174,7 @@ fn a_setuid_program_never_opens_what_its_callers_environment_names() {
     }
     std::fs::set_permissions(t.join("suid"), std::fs::Permissions::from_mode(0o4755)).unwrap();
     let trace = rootonly.join("trace.jsonl");
+    let group = format!("suid-{}", std::process::id());
     let out = with_etc(&t, "# no limits: only secure-execution mode is tested\n", "0644", Some(&preload_lib()), "setpriv")
         .bare()
         .env_remove("VRAMCAP_GROUP_DIR")
@@ -181,12 +182,19 @@ fn a_setuid_program_never_opens_what_its_callers_environment_names() {
         .env("VRAMCAP_REAL_LIBCUDA", t.join("evil.so"))
         .env("VRAMCAP_TRACE", &trace)
         .env("VRAMCAP_SIDECAR", rootonly.join("sock"))
+        .env("VRAMCAP_REAL_LIBNVML", t.join("evil.so"))
+        .env("VRAMCAP_GROUP_DIR", rootonly.join("groups"))
+        .env("VRAMCAP_GROUP", &group)
+        .env("VRAMCAP_GROUP_LIMIT", "1g")
         .run();
+    // The group went to the default directory of the process's (effective) uid instead.
+    let _ = std::fs::remove_file(format!("/dev/shm/vramcap-0/vramcap-group-{group}"));
     out.ok();
     assert_eq!(out.nth("cuinit", 0).num("found"), 1, "vramcap was loaded through ld.so.preload: {}", out.stderr);
     assert!(!pwned.exists(), "the setuid program loaded the caller's library: {}", out.stderr);
     assert!(!trace.exists(), "the setuid program created the caller's trace");
-    for v in ["VRAMCAP_REAL_LIBCUDA", "VRAMCAP_TRACE", "VRAMCAP_SIDECAR"] {
+    assert!(!rootonly.join("groups").exists(), "the setuid program made the caller's group directory");
+    for v in ["VRAMCAP_REAL_LIBCUDA", "VRAMCAP_TRACE", "VRAMCAP_SIDECAR", "VRAMCAP_REAL_LIBNVML", "VRAMCAP_GROUP_DIR"] {
         assert!(out.stderr.contains(&format!("ignoring {v}: this process runs in secure-execution mode")), "{v}: {}", out.stderr);
     }
 }
