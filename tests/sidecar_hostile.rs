@@ -188,6 +188,17 @@ fn one_uid_gets_at_most_its_quota_of_connections() {
     let mut s = UnixStream::connect(&sc.socket).unwrap();
     assert!(!closed_within(&mut s, Duration::from_millis(1500)), "a freed slot was not usable again");
     assert!(sc.stderr.lock().unwrap().contains("--max-connections-per-uid 20"));
+    // The quota is per uid: while this one is at it, another uid's job still gets in.
+    if !is_root() {
+        eprintln!("SKIPPED the second uid of one_uid_gets_at_most_its_quota_of_connections: needs root (CI runs it as root)");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&sc.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let other = Client::spawn_as("client_linked", &sc.socket, &[], "init ctx 0 alloc 4m sleep 60000", Some((OTHER_UID, OTHER_UID)));
+    wait_until("the other uid's job is a client", Duration::from_secs(20), || value(&sc.samples(), "vramcap_clients", &[]) == Some(1));
+    assert_eq!(value(&sc.samples(), "vramcap_refused_connections_total", &[]), Some(5), "another uid's connection was refused");
+    drop((other, held, s));
 }
 
 /// A client that says nothing (after its header) or trickles a line without ever ending it is
