@@ -407,3 +407,48 @@ fn top_live_retries_then_follows_processes() {
     let _ = top.wait();
     drop(c);
 }
+
+/// Kubernetes with `hostPID: true` (issue 15): a member in a PID namespace of its own, whose pid
+/// there is one no host process has, keeps its charge through every sweep of the root sidecar while
+/// it lives (a sidecar judging by the host's `/proc/<pid>` would reclaim it at once: 400 MiB under
+/// a 256 MiB group), and is reclaimed by the sidecar once it dies.
+#[test]
+fn the_sidecar_keeps_a_live_member_of_another_pid_namespace_and_reclaims_it_once_dead() {
+    let unshare_ok = unsafe { libc::geteuid() } == 0
+        && Command::new("unshare").args(["--pid", "--fork", "--mount-proc", "--kill-child", "true"]).status().is_ok_and(|s| s.success());
+    if !unshare_ok {
+        eprintln!("SKIPPED the_sidecar_keeps_a_live_member_of_another_pid_namespace_and_reclaims_it_once_dead: needs root and unshare --pid");
+        return;
+    }
+    let dir = tmpdir("pidns");
+    let groups = dir.join("ledgers");
+    std::fs::create_dir_all(&groups).unwrap();
+    let socket = dir.join("s.sock");
+    let sc = Sidecar::start(&socket, &["--group-dir", groups.to_str().unwrap(), "--reclaim-every", "0.2"]);
+    // A pid no host process has: inside its namespace the member gets exactly that one.
+    let pid = (20_000..30_000u32).rev().find(|p| !Path::new(&format!("/proc/{p}")).exists()).unwrap();
+    let client = ctests_dir().join("client_linked");
+    let script = dir.join("member.sh");
+    std::fs::write(&script, format!("echo {} > /proc/sys/kernel/ns_last_pid && {} init ctx 0 alloc 200m sleep 60000\n", pid - 1, client.display())).unwrap();
+    let mut a = Run::program(Path::new("unshare"))
+        .env("VRAMCAP_GROUP", "ns")
+        .env("VRAMCAP_GROUP_DIR", &groups)
+        .env("VRAMCAP_GROUP_LIMIT", "256m")
+        .env("VRAMCAP_SIDECAR", &socket)
+        .args(["--pid --fork --mount-proc --kill-child sh", script.to_str().unwrap()])
+        .spawn();
+    assert_eq!(a.wait_for("alloc").rc(), 0);
+    let m = vramcap::group::file::open_existing(&vramcap::group::file::path_for(groups.to_str().unwrap(), "ns")).unwrap().unwrap();
+    use vramcap::group::shm::{SlotWord, State};
+    let live: Vec<u32> = m.shm.slots.iter().map(|s| SlotWord::unpack(s.word.load(std::sync::atomic::Ordering::SeqCst))).filter(|w| w.state == State::Live).map(|w| w.pid).collect();
+    assert!(live.contains(&pid) && !Path::new(&format!("/proc/{pid}")).exists(), "the member is pid {pid} of its namespace, unknown to the host: {live:?}");
+    // The sidecar knows the group (the member told it) and sweeps it every 0.2 s.
+    wait_until("the member's report", Duration::from_secs(20), || value(&sc.samples(), "vramcap_clients", &[]) == Some(1));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(m.shm.used(0), 200 * MIB, "a live member's charge survived the sweeps: {}", sc.stderr.lock().unwrap());
+    assert_eq!(value(&sc.samples(), "vramcap_group_reclaimed_bytes_total", &[]).unwrap_or(0), 0);
+    // Dead with its namespace: the sidecar, seeing every namespace, gives the charge back.
+    a.sigkill();
+    wait_until("the sidecar's reclaim", Duration::from_secs(20), || m.shm.used(0) == 0);
+    assert_eq!(value(&sc.samples(), "vramcap_group_reclaimed_bytes_total", &[]), Some(200 * MIB));
+}
