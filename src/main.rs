@@ -54,9 +54,10 @@ enum Cmd {
         /// Disconnect (and count) a connection that sends no first line within this many seconds.
         #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
         hello_timeout: f64,
-        /// Directory of the clients' group ledgers (their VRAMCAP_GROUP_DIR).
-        #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
-        group_dir: std::path::PathBuf,
+        /// Directory of the clients' group ledgers (their VRAMCAP_GROUP_DIR). Without it, each
+        /// client's groups are swept in the members' default, /dev/shm/vramcap-<the client's uid>.
+        #[arg(long, value_name = "DIR")]
+        group_dir: Option<std::path::PathBuf>,
         /// Reclaim the charges of dead group members every this many seconds.
         #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
         reclaim_every: f64,

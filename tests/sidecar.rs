@@ -452,3 +452,31 @@ fn the_sidecar_keeps_a_live_member_of_another_pid_namespace_and_reclaims_it_once
     wait_until("the sidecar's reclaim", Duration::from_secs(20), || m.shm.used(0) == 0);
     assert_eq!(value(&sc.samples(), "vramcap_group_reclaimed_bytes_total", &[]), Some(200 * MIB));
 }
+
+/// Without `--group-dir` the sidecar sweeps each client's group where that client's members keep
+/// it by default, `/dev/shm/vramcap-<uid>` of the client's uid (from the socket's credentials): a
+/// member killed holding memory is reclaimed with no directory configured anywhere.
+#[test]
+fn without_group_dir_the_sidecar_sweeps_the_members_default_directory() {
+    let dir = tmpdir("dflt");
+    let socket = dir.join("s.sock");
+    let sc = Sidecar::start(&socket, &["--reclaim-every", "0.2"]);
+    let group = format!("dflt-{}", std::process::id());
+    let env = [("VRAMCAP_GROUP", group.as_str()), ("VRAMCAP_GROUP_LIMIT", "1g")];
+    let mut a = Client::spawn("client_linked", &socket, &env, "init ctx 0 alloc 512m sleep 60000");
+    wait_until("the member's allocation", Duration::from_secs(20), || a.lines().iter().any(|l| l.starts_with("alloc rc=0")));
+    wait_until("the member's report", Duration::from_secs(20), || value(&sc.samples(), "vramcap_groups", &[]) == Some(1));
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    let ledger = PathBuf::from(format!("/dev/shm/vramcap-{}/vramcap-group-{group}", unsafe { libc::geteuid() }));
+    let reclaimed = || value(&sc.samples(), "vramcap_group_reclaimed_bytes_total", &[]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reclaimed() != Some(512 * MIB) {
+        if Instant::now() > deadline {
+            let _ = std::fs::remove_file(&ledger);
+            panic!("no reclaim ({:?}): {}", reclaimed(), sc.stderr.lock().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::remove_file(&ledger).unwrap();
+}

@@ -32,8 +32,9 @@ pub struct Options {
     pub trace_dir: Option<PathBuf>,
     /// A connection that sends no complete first line within this time is dropped as bad.
     pub hello_timeout: Duration,
-    /// Where the clients' group ledgers live (their `VRAMCAP_GROUP_DIR`).
-    pub group_dir: PathBuf,
+    /// Where the clients' group ledgers live (their `VRAMCAP_GROUP_DIR`); `None`: the members'
+    /// default, one directory per uid (`/dev/shm/vramcap-<uid>`).
+    pub group_dir: Option<PathBuf>,
     /// How often dead group members are reclaimed.
     pub reclaim_every: Duration,
     /// A connected client that sends nothing for this long is dropped.

@@ -32,29 +32,72 @@ pub static RECLAIMED_BYTES: AtomicU64 = AtomicU64::new(0);
 /// every sweep (a client could otherwise keep the log busy by naming it).
 static LAST_ERROR: Mutex<BTreeMap<String, String>> = Mutex::new(BTreeMap::new());
 
-/// Sweeps `dir/vramcap-group-<name>` for every group name clients have reported, every `every`.
-/// A name is forgotten once no connected client names it and its ledger has no members left (or
+/// Sweeps every group its clients have reported, every `every`: `dir/vramcap-group-<name>`, or
+/// without `--group-dir` the reporting uid's default directory (see [`uid_dir`]). A name is
+/// forgotten once no connected client of that uid names it and its ledger has no members left (or
 /// there is no usable ledger): what clients send can never make the set grow for good.
-pub fn spawn(dir: PathBuf, registry: Arc<Mutex<Registry>>, every: Duration) -> std::io::Result<()> {
+pub fn spawn(dir: Option<PathBuf>, registry: Arc<Mutex<Registry>>, every: Duration) -> std::io::Result<()> {
     std::thread::Builder::new().name("group-reclaim".into()).spawn(move || {
         loop {
             std::thread::sleep(every);
-            let groups: BTreeSet<String> = registry.lock().unwrap_or_else(|e| e.into_inner()).groups.clone();
-            let empty: Vec<String> = groups.into_iter().filter(|g| sweep(&dir, g).2 == 0).collect();
+            let groups: BTreeSet<(u32, String)> = registry.lock().unwrap_or_else(|e| e.into_inner()).groups.clone();
+            let empty: Vec<(u32, String)> = groups.into_iter().filter(|(uid, g)| sweep_for(dir.as_deref(), *uid, g) == 0).collect();
             if empty.is_empty() {
                 continue;
             }
             let mut reg = registry.lock().unwrap_or_else(|e| e.into_inner());
-            for g in empty {
+            for (uid, g) in empty {
                 // Checked under the lock: a client that names the group now keeps it.
-                if !reg.clients.values().any(|c| c.group.as_deref() == Some(g.as_str())) {
-                    reg.groups.remove(&g);
+                if !reg.clients.values().any(|c| c.uid == uid && c.group.as_deref() == Some(g.as_str())) {
+                    reg.groups.remove(&(uid, g.clone()));
                     LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner()).remove(&g);
                 }
             }
         }
     })?;
     Ok(())
+}
+
+/// One group of one uid; returns the members left (0 without a usable ledger).
+fn sweep_for(dir: Option<&Path>, uid: u32, group: &str) -> usize {
+    if let Some(d) = dir {
+        return sweep(d, group).2;
+    }
+    match uid_dir(uid) {
+        Ok(fd) => {
+            let left = sweep(Path::new(&format!("/proc/self/fd/{fd}")), group).2;
+            unsafe { libc::close(fd) };
+            left
+        }
+        Err(e) => {
+            let mut last = LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner());
+            if last.get(group) != Some(&e) {
+                super::logline::log("group ledger", &format!("group {group:?} of uid {uid}: {e}"));
+                last.insert(group.to_string(), e);
+            }
+            0
+        }
+    }
+}
+
+/// The members' default directory of `uid` (`/dev/shm/vramcap-<uid>`), opened without following
+/// a symbolic link and kept open while it is swept (so it cannot be swapped between the check and
+/// the use): only a real directory of that uid that nobody else can write, as the members
+/// themselves require. A squatter's directory of that name is never swept.
+fn uid_dir(uid: u32) -> Result<i32, String> {
+    let path = format!("{}/vramcap-{uid}", crate::grammar::group::DEFAULT_DIR);
+    let c = std::ffi::CString::new(path.clone()).map_err(|e| e.to_string())?;
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(format!("{path}: {}; not swept", std::io::Error::last_os_error()));
+    }
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_uid == uid && st.st_mode & 0o022 == 0;
+    if !ok {
+        unsafe { libc::close(fd) };
+        return Err(format!("{path} is not a directory of uid {uid} that only it can write; not swept"));
+    }
+    Ok(fd)
 }
 
 /// Opens the ledger without following a symlink: `file::open_existing` opens the name itself with

@@ -360,7 +360,7 @@ impl Server {
             let same = |c: &Client| (c.pid, c.reported_pid, c.start_unix_ns) == (client.pid, client.reported_pid, client.start_unix_ns);
             let stale = reg.clients.iter().filter(|(k, c)| **k != id && same(c)).map(|(k, _)| *k).collect();
             if let Some(g) = &client.group {
-                reg.groups.insert(g.clone());
+                reg.groups.insert((client.uid, g.clone()));
             }
             reg.clients.insert(id, client);
             stale

@@ -240,7 +240,9 @@ pub struct Registry {
     pub refused: u64,
     /// Groups clients reported: swept for dead members after they left, and forgotten once no
     /// client names them and their ledger has no members left (reclaim.rs).
-    pub groups: std::collections::BTreeSet<String>,
+    /// Each with the uid of the client that named it (the peer's credentials): without
+    /// `--group-dir` that uid's default directory is where its ledger lives.
+    pub groups: std::collections::BTreeSet<(u32, String)>,
 }
 
 /// Who asks a `query` (from the asking connection's peer credentials).
