@@ -193,6 +193,23 @@ fn the_headroom_is_kept_for_a_member_that_starts_later() {
     stop(a);
 }
 
+/// Every member was killed (their charges still in the ledger): the next to start is the group's
+/// first again, not a late starter, so it does not get the headroom.
+#[test]
+fn a_member_starting_after_the_whole_group_died_does_not_get_the_headroom() {
+    let dir = private_group_dir();
+    let env = [("VRAMCAP_GROUP_LIMIT", "1000m"), ("VRAMCAP_GROUP_HEADROOM", "200m")];
+    let mut a = member(&dir, "gone", &env).args(["init ctx 0 alloc 500m sleep 60000"]).spawn();
+    assert_eq!(a.wait_for("alloc").rc(), 0);
+    a.sigkill();
+    let m = ledger(&dir, "gone");
+    assert_eq!(m.shm.used(0), 500 * MIB, "the dead member's charge is still in the ledger");
+    let out = member(&dir, "gone", &[]).args(["init ctx 0 alloc 801m alloc 800m"]).run();
+    assert_ne!(out.nth("alloc", 0).rc(), 0, "the headroom went to a member that is the only one: {}", out.stderr);
+    assert_eq!(out.nth("alloc", 1).rc(), 0, "{}", out.stderr);
+    assert_eq!(m.shm.header.headroom_holder.load(SeqCst), 0);
+}
+
 /// A neighbour's pool keeps 200 MiB it does not use; a denied member makes it trim at its next
 /// driver call and succeeds on the retry. A neighbour that makes no driver call gives nothing.
 #[test]

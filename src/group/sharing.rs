@@ -52,8 +52,12 @@ pub fn join(s: &Shared, slot: usize, name: &str, cfg: &GroupConfig, devices: &[D
     join_headroom(s, slot, name, cfg, devices, entries)?;
     claim_reserves(s, slot, name, cfg, devices, entries)?;
     let headroom = entries.iter().any(|&e| s.headroom(e) > 0);
-    // A holder that died is not a holder: reclaim the dead before looking (cold, at start).
-    if headroom && s.others_hold_memory(slot) && (s.try_take_headroom(slot) || super::reclaim_in(s).0 > 0 && s.try_take_headroom(slot)) {
+    // The dead are reclaimed before looking (cold, at start): a holder that died is not a holder,
+    // and a group whose members all died is not running, so its next member is its first again.
+    if headroom {
+        super::reclaim_in(s);
+    }
+    if headroom && s.others_hold_memory(slot) && s.try_take_headroom(slot) {
         crate::log::log_at!(
             crate::config::Level::Info,
             "group \"{name}\": this process started while the group was running and holds its headroom"
