@@ -183,9 +183,12 @@ extern "C" fn at_exit() {
     lifetime::exit_and_wait(Instant::now() + Duration::from_secs(5));
 }
 
+/// (reserve, headroom, equal share) of one device.
+pub(crate) type DeviceSharing = (Option<u64>, Option<u64>, Option<u64>);
+
 /// A group member's sharing settings on device `d`: (reserve, headroom, equal share), only
 /// where its group caps `d` (beside `group_limit`, which is absent elsewhere).
-pub(crate) fn sharing_on(v: Option<&crate::group::sharing::MemberView>, d: usize, capped: bool) -> (Option<u64>, Option<u64>, Option<u64>) {
+pub(crate) fn sharing_on(v: Option<&crate::group::sharing::MemberView>, d: usize, capped: bool) -> DeviceSharing {
     match v.and_then(|v| v.on(d)).filter(|_| capped) {
         Some((reserve, headroom, share)) => (Some(reserve), Some(headroom), share),
         None => (None, None, None),
@@ -253,11 +256,15 @@ fn summary() -> Summary {
     let group = crate::group::name().map(|name| {
         let caps: Vec<(usize, (u64, u64))> = (0..n).filter_map(|d| Some((d, crate::group::view(d)?))).collect();
         let member = crate::group::sharing::view();
-        let sharing: Vec<(String, (Option<u64>, Option<u64>, Option<u64>))> =
-            caps.iter().map(|(d, _)| (d.to_string(), sharing_on(member.as_ref(), *d, true))).collect();
-        let pick = |f: fn(&(Option<u64>, Option<u64>, Option<u64>)) -> Option<u64>| {
-            sharing.iter().filter_map(|(d, s)| Some((d.clone(), f(s)?))).collect()
-        };
+        let (mut reserve, mut headroom, mut share) = Default::default();
+        for (d, _) in &caps {
+            let (r, h, s) = sharing_on(member.as_ref(), *d, true);
+            for (map, v) in [(&mut reserve, r), (&mut headroom, h), (&mut share, s)] {
+                if let Some(v) = v {
+                    std::collections::BTreeMap::insert(map, d.to_string(), v);
+                }
+            }
+        }
         format::GroupSummary {
             name: name.to_string(),
             limit: caps.iter().map(|(d, (l, _))| (d.to_string(), *l)).collect(),
@@ -265,9 +272,9 @@ fn summary() -> Summary {
             policy: member.as_ref().map(|m| m.policy),
             priority: member.as_ref().map(|m| m.priority),
             holds_headroom: member.as_ref().map(|m| m.holds_headroom),
-            reserve: pick(|s| s.0),
-            headroom: pick(|s| s.1),
-            share: pick(|s| s.2),
+            reserve,
+            headroom,
+            share,
         }
     });
     Summary {
