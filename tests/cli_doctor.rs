@@ -139,3 +139,66 @@ fn variables_that_are_not_utf8_do_not_panic_the_doctor() {
         assert!(line(&text_out, "limits").contains(var) && text_out.contains("UTF-8"), "{var}: {text_out}");
     }
 }
+
+/// Every "sharing" line, in order.
+fn sharing(out: &str) -> Vec<&str> {
+    out.lines().filter(|l| l.split_whitespace().nth(1) == Some("sharing")).collect()
+}
+
+/// Issue 17: the group's policy, the member's priority, reserve and headroom are shown as the
+/// limits are, resolved on the devices (per-device lists too).
+#[test]
+fn group_sharing_settings_are_shown() {
+    let dir = scratch("doctor-sharing");
+    let (code, out) = doctor(&[
+        ("FAKECUDA_DEVICE_COUNT", "2"),
+        ("VRAMCAP_GROUP", "team"),
+        ("VRAMCAP_GROUP_DIR", dir.to_str().unwrap()),
+        ("VRAMCAP_GROUP_LIMIT", "2g"),
+        ("VRAMCAP_GROUP_POLICY", "priority"),
+        ("VRAMCAP_PRIORITY", "5"),
+        ("VRAMCAP_GROUP_RESERVE", "512m"),
+        ("VRAMCAP_GROUP_RESERVE_1", "1g"),
+        ("VRAMCAP_GROUP_HEADROOM", "256m"),
+    ]);
+    assert_eq!(code, Some(0), "{out}");
+    let lines = sharing(&out);
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(lines.iter().all(|l| l.split_whitespace().next() == Some("OK")), "{out}");
+    assert!(lines[0].contains("policy priority (VRAMCAP_GROUP_POLICY") && lines[0].ends_with("priority 5"), "{out}");
+    assert!(lines[1].ends_with("reserve: GPU 0 512.0 MiB, GPU 1 1.0 GiB"), "{out}");
+    assert!(lines[2].ends_with("headroom: GPU 0 256.0 MiB, GPU 1 256.0 MiB"), "{out}");
+    // Unset: the group's, and a priority that the policy does not use is pointed out.
+    let (code, out) = doctor(&[("VRAMCAP_GROUP", "team"), ("VRAMCAP_GROUP_DIR", dir.to_str().unwrap()), ("VRAMCAP_GROUP_POLICY", "equal"), ("VRAMCAP_PRIORITY", "2")]);
+    assert_eq!(code, Some(0), "{out}");
+    let lines = sharing(&out);
+    assert!(lines[0].contains("policy equal") && lines[0].ends_with("priority 2"), "{out}");
+    assert!(lines.iter().any(|l| l.starts_with("  --") && l.contains("only the priority policy uses it")), "{out}");
+    assert!(lines.iter().any(|l| l.ends_with("reserve: none (VRAMCAP_GROUP_RESERVE unset)")), "{out}");
+    assert!(lines.iter().any(|l| l.ends_with("headroom: the group's (none for a new group)")), "{out}");
+}
+
+/// A bad policy, priority, reserve or headroom is a FAIL naming the variable (under "limits"
+/// when it does not parse, as other bad values; under "sharing" when it names a device this
+/// machine lacks or could never fit the group's limit), and the doctor exits 1.
+#[test]
+fn bad_group_sharing_settings_are_reported() {
+    let dir = scratch("doctor-sharing-bad");
+    let d = dir.to_str().unwrap();
+    for (env, what, want) in [
+        (vec![("VRAMCAP_GROUP_POLICY", "fair")], "limits", "invalid VRAMCAP_GROUP_POLICY=\"fair\": not a policy"),
+        (vec![("VRAMCAP_PRIORITY", "high")], "limits", "invalid VRAMCAP_PRIORITY=\"high\": not an integer"),
+        (vec![("VRAMCAP_GROUP_RESERVE", "lots")], "limits", "invalid VRAMCAP_GROUP_RESERVE=\"lots\""),
+        (vec![("VRAMCAP_GROUP_HEADROOM", "3=1g")], "sharing", "device 3 does not exist"),
+        (vec![("VRAMCAP_GROUP_LIMIT", "1g"), ("VRAMCAP_GROUP_RESERVE", "900m"), ("VRAMCAP_GROUP_HEADROOM", "200m")], "sharing", "reserve 900.0 MiB on GPU 0 does not fit the group limit 1.0 GiB less the headroom 200.0 MiB"),
+        (vec![("VRAMCAP_GROUP_LIMIT", "1g"), ("VRAMCAP_GROUP_HEADROOM", "1g")], "sharing", "headroom 1.0 GiB on GPU 0 is the whole group limit 1.0 GiB"),
+    ] {
+        let mut env = env.clone();
+        env.extend([("VRAMCAP_GROUP", "team"), ("VRAMCAP_GROUP_DIR", d)]);
+        let (code, out) = doctor(&env);
+        assert_eq!(code, Some(1), "{env:?}: {out}");
+        let fail = out.lines().find(|l| l.split_whitespace().take(2).eq(["FAIL", what])).unwrap_or_else(|| panic!("{env:?}: no FAIL {what}:\n{out}"));
+        assert!(fail.contains(want), "{env:?}: {out}");
+        assert!(out.contains("fix:"), "{env:?}: {out}");
+    }
+}

@@ -162,3 +162,32 @@ fn a_free_written_after_the_reallocation_is_not_unmatched() {
     assert!(!text.contains("frees without a traced allocation"), "{text}");
     assert!(text.contains("held at end     0 B in 0 allocation(s)"), "{text}");
 }
+
+/// A group member's sharing settings (issue 17): the header's as at start, the summary's share
+/// at exit; a trace without them (older, or not a member) prints no sharing line.
+#[test]
+fn a_group_members_policy_share_reserve_and_headroom_are_reported() {
+    let dir = scratch("sharing");
+    let header = r#"{"type":"header","version":1,"pid":9,"ppid":1,"exe":"job","cmdline":["job"],"host":"h","start_unix_ns":1764441600000000000,"devices":[{"index":0,"total":17179869184,"limit":null,"group_limit":2147483648,"group_reserve":268435456,"group_headroom":536870912,"group_share":805306368}],"group":"team","group_policy":"equal","group_priority":4,"group_holds_headroom":false}"#;
+    let summary = r#"{"type":"summary","t_ns":50,"events":1,"dropped":0,"peak":{"0":1048576},"used":{"0":1048576},"denied":{"0":0},"group":{"name":"team","limit":{"0":2147483648},"used":{"0":1048576},"policy":"equal","priority":4,"holds_headroom":false,"reserve":{"0":268435456},"headroom":{"0":536870912},"share":{"0":536870912}}}"#;
+    let p = dir.join("t.jsonl");
+    std::fs::write(&p, format!("{header}\n{}\n{summary}\n", ev(0, 10, "alloc", 0x1000, 1 << 20, 1 << 20))).unwrap();
+    let text = ok(&["report", p.to_str().unwrap()]);
+    assert!(
+        text.contains("group sharing   policy equal, priority 4, share 768.0 MiB at start, 512.0 MiB at exit, reserve 256.0 MiB, headroom 512.0 MiB\n"),
+        "{text}"
+    );
+    let j = json(&["report", "--json", p.to_str().unwrap()]);
+    let pr = &j["processes"][0];
+    assert_eq!((pr["group_policy"].as_str(), pr["group_priority"].as_i64(), pr["group_holds_headroom"].as_bool()), (Some("equal"), Some(4), Some(false)));
+    let d = &pr["devices"][0];
+    assert_eq!((d["group_share"].as_u64(), d["group_share_at_exit"].as_u64()), (Some(768 << 20), Some(512 << 20)));
+    assert_eq!((d["group_reserve"].as_u64(), d["group_headroom"].as_u64()), (Some(256 << 20), Some(512 << 20)));
+    // Without the fields: nothing invented.
+    let evs = [ev(0, 10, "alloc", 0x1000, 100, 100)];
+    let evs: Vec<&str> = evs.iter().map(|s| s.as_str()).collect();
+    let p = write_trace("no-sharing", r#","group_limit":1610612736"#, &evs, r#"{"type":"summary","t_ns":50,"events":1,"dropped":0,"peak":{"0":100},"used":{"0":100}}"#);
+    let text = ok(&["report", &p]);
+    assert!(!text.contains("group sharing"), "{text}");
+    assert!(json(&["report", "--json", &p])["processes"][0]["group_policy"].is_null());
+}

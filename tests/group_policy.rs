@@ -341,3 +341,85 @@ fn sixteen_racing_processes_never_pass_the_budget_under_any_policy() {
         assert!(d.peak.load(SeqCst) <= limit);
     }
 }
+
+fn trace_lines(p: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(p).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+/// Waits until the trace at `p` has its header line (the writer starts with the first event).
+fn header_of(p: &Path) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(h) = trace_lines(p).into_iter().next() {
+            return h;
+        }
+        assert!(Instant::now() < deadline, "no header in {}", p.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Issue 17 item 6: a member's trace carries its policy, priority, reserve, the group's headroom
+/// and whether it holds it, and its `equal` share: in the header as at start, in the summary as
+/// at exit (a third member joined in between, so the share shrank); `vramcap report` prints them.
+/// Under `priority` there is no share, and a negative priority stays negative.
+#[test]
+fn a_members_trace_and_report_carry_its_sharing_settings() {
+    let dir = private_group_dir();
+    let env = [("VRAMCAP_GROUP_LIMIT", "400m"), ("VRAMCAP_GROUP_POLICY", "equal"), ("VRAMCAP_GROUP_HEADROOM", "100m")];
+    let mut a = member(&dir, "vis", &env).args(["init ctx 0 alloc 10m sleep 60000"]).spawn();
+    assert_eq!(a.wait_for("alloc").rc(), 0);
+    // B starts while A holds memory: it holds the headroom. Its share: (400 − 100) / 2 + 100.
+    let trace = dir.join("b.jsonl");
+    let script = format!("init ctx 0 alloc 1m waitfile {} alloc 1m", go(&dir, 1).display());
+    let b = member(&dir, "vis", &[("VRAMCAP_GROUP_RESERVE", "30m"), ("VRAMCAP_PRIORITY", "2")]).env("VRAMCAP_TRACE", &trace).args([script]).spawn();
+    let h = header_of(&trace);
+    assert_eq!((h["group"].as_str(), h["group_policy"].as_str()), (Some("vis"), Some("equal")), "{h}");
+    assert_eq!((h["group_priority"].as_i64(), h["group_holds_headroom"].as_bool()), (Some(2), Some(true)), "{h}");
+    let d = &h["devices"][0];
+    assert_eq!(d["group_limit"], 400 * MIB, "{h}");
+    assert_eq!((d["group_reserve"].as_u64(), d["group_headroom"].as_u64()), (Some(30 * MIB), Some(100 * MIB)), "{h}");
+    assert_eq!(d["group_share"], 250 * MIB, "{h}");
+    // A third member: B's share is 300 / 3 + 100 when it exits.
+    let c = member(&dir, "vis", &[]).args(["init ctx 0 sleep 60000"]).spawn();
+    std::thread::sleep(Duration::from_millis(300));
+    touch(&go(&dir, 1));
+    assert!(b.finish().success());
+    let s = trace_lines(&trace).pop().unwrap();
+    assert_eq!(s["type"], "summary", "{s}");
+    let g = &s["group"];
+    assert_eq!((g["policy"].as_str(), g["priority"].as_i64(), g["holds_headroom"].as_bool()), (Some("equal"), Some(2), Some(true)), "{s}");
+    assert_eq!((g["reserve"]["0"].as_u64(), g["headroom"]["0"].as_u64()), (Some(30 * MIB), Some(100 * MIB)), "{s}");
+    assert_eq!(g["share"]["0"], 200 * MIB, "{s}");
+    assert_eq!(g["limit"]["0"], 400 * MIB, "the existing fields stay: {s}");
+
+    let report = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramcap")).args(args).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = report(&["report", trace.to_str().unwrap()]);
+    let want = "group sharing   policy equal, priority 2, share 250.0 MiB at start, 200.0 MiB at exit, reserve 30.0 MiB, headroom 100.0 MiB (this process could use it)";
+    assert!(text.contains(want), "{text}");
+    let j: serde_json::Value = serde_json::from_str(&report(&["report", "--json", trace.to_str().unwrap()])).unwrap();
+    let p = &j["processes"][0];
+    assert_eq!((p["group_policy"].as_str(), p["group_priority"].as_i64(), p["group_holds_headroom"].as_bool()), (Some("equal"), Some(2), Some(true)));
+    let d = &p["devices"][0];
+    assert_eq!((d["group_share"].as_u64(), d["group_share_at_exit"].as_u64()), (Some(250 * MIB), Some(200 * MIB)), "{d}");
+    assert_eq!((d["group_reserve"].as_u64(), d["group_headroom"].as_u64()), (Some(30 * MIB), Some(100 * MIB)), "{d}");
+    stop(a);
+    stop(c);
+
+    // `priority`: alone (no headroom to hold), no share; the priority is signed.
+    let trace = dir.join("p.jsonl");
+    let env = [("VRAMCAP_GROUP_LIMIT", "1g"), ("VRAMCAP_GROUP_POLICY", "priority"), ("VRAMCAP_PRIORITY", "-3"), ("VRAMCAP_GROUP_RESERVE", "100m")];
+    member(&dir, "vis-p", &env).env("VRAMCAP_TRACE", &trace).args(["init ctx 0 alloc 1m"]).run().ok();
+    let lines = trace_lines(&trace);
+    let (h, s) = (&lines[0], lines.last().unwrap());
+    assert_eq!((h["group_policy"].as_str(), h["group_priority"].as_i64(), h["group_holds_headroom"].as_bool()), (Some("priority"), Some(-3), Some(false)), "{h}");
+    let d = &h["devices"][0];
+    assert_eq!((d["group_reserve"].as_u64(), d["group_headroom"].as_u64()), (Some(100 * MIB), Some(0)), "{h}");
+    assert!(d.get("group_share").is_none() && s["group"].get("share").is_none(), "a share only under equal: {h} {s}");
+    assert_eq!((s["group"]["policy"].as_str(), s["group"]["priority"].as_i64()), (Some("priority"), Some(-3)), "{s}");
+    let text = report(&["report", trace.to_str().unwrap()]);
+    assert!(text.contains("group sharing   policy priority, priority -3, reserve 100.0 MiB, headroom 0 B\n"), "{text}");
+}

@@ -480,3 +480,59 @@ fn without_group_dir_the_sidecar_sweeps_the_members_default_directory() {
     }
     std::fs::remove_file(&ledger).unwrap();
 }
+
+/// Issue 17 item 6: `/metrics` exports each group member's reserve, `equal` share, the group's
+/// headroom, its priority and whether it holds the headroom, labelled with the policy; the share
+/// follows a member leaving (the sidecar's sweep reclaims it); `top` prints them under the row.
+#[test]
+fn metrics_and_top_show_each_members_sharing_settings() {
+    let dir = tmpdir("sharing");
+    let groups = dir.join("ledgers");
+    std::fs::create_dir_all(&groups).unwrap();
+    let sc = Sidecar::start(&dir.join("s.sock"), &["--group-dir", groups.to_str().unwrap(), "--reclaim-every", "0.2"]);
+    let g = [("VRAMCAP_GROUP", "fair"), ("VRAMCAP_GROUP_DIR", groups.to_str().unwrap())];
+    let a_env = [g[0], g[1], ("VRAMCAP_GROUP_LIMIT", "400m"), ("VRAMCAP_GROUP_POLICY", "equal"), ("VRAMCAP_GROUP_HEADROOM", "100m"), ("VRAMCAP_GROUP_RESERVE", "50m"), ("VRAMCAP_PRIORITY", "4")];
+    let a = Client::spawn("client_linked", &sc.socket, &a_env, "init ctx 0 alloc 10m sleep 60000");
+    wait_until("A's allocation", Duration::from_secs(20), || a.lines().iter().any(|l| l.starts_with("alloc rc=0")));
+    // B starts while A holds memory: B holds the headroom.
+    let mut b = Client::spawn("client_linked", &sc.socket, &g, "init ctx 0 alloc 1m sleep 60000");
+    let (pa, pb) = (a.pid(), b.pid());
+    let at = |pid: &str| [("pid", pid.to_string()), ("device", "0".to_string()), ("group", "fair".to_string()), ("policy", "equal".to_string())];
+    let get = |s: &[Sample], name: &str, pid: &str, dev: bool| {
+        let l = at(pid);
+        let l: Vec<(&str, &str)> = l.iter().filter(|(k, _)| dev || *k != "device").map(|(k, v)| (*k, v.as_str())).collect();
+        value(s, name, &l)
+    };
+    wait_until("both members' shares", Duration::from_secs(20), || {
+        let s = sc.samples();
+        get(&s, "vramcap_group_share_bytes", &pa, true) == Some(150 * MIB) && get(&s, "vramcap_group_share_bytes", &pb, true) == Some(250 * MIB)
+    });
+    let s = sc.samples();
+    assert_eq!(get(&s, "vramcap_group_reserve_bytes", &pa, true), Some(50 * MIB));
+    assert_eq!(get(&s, "vramcap_group_reserve_bytes", &pb, true), Some(0));
+    assert_eq!(get(&s, "vramcap_group_headroom_bytes", &pa, true), Some(100 * MIB));
+    assert_eq!(get(&s, "vramcap_group_headroom_bytes", &pb, true), Some(100 * MIB));
+    assert_eq!(get(&s, "vramcap_group_priority", &pa, false), Some(4));
+    assert_eq!(get(&s, "vramcap_group_priority", &pb, false), Some(0));
+    assert_eq!(get(&s, "vramcap_group_headroom_holder", &pa, false), Some(0));
+    assert_eq!(get(&s, "vramcap_group_headroom_holder", &pb, false), Some(1));
+    assert_eq!(value(&s, "vramcap_group_memory_limit_bytes", &[("pid", &pa), ("device", "0")]), Some(400 * MIB), "existing series unchanged");
+    assert!(s.iter().filter(|x| x.name == "vramcap_group_memory_limit_bytes").all(|x| !x.labels.contains_key("policy")));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_vramcap")).args(["top", "--once", "--socket"]).arg(&sc.socket).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{out:?}");
+    let under = |pid: &str| {
+        let rows: Vec<&str> = text.lines().collect();
+        let i = rows.iter().position(|l| l.trim_start().starts_with(pid)).unwrap_or_else(|| panic!("no row for {pid}:\n{text}"));
+        rows.get(i + 1).map(|l| l.trim().to_string()).unwrap_or_default()
+    };
+    assert_eq!(under(&pa), "group \"fair\": policy equal, priority 4, share 150.0 MiB, reserve 50.0 MiB, headroom 100.0 MiB", "{text}");
+    assert_eq!(under(&pb), "group \"fair\": policy equal, priority 0, share 250.0 MiB, reserve 0 B, headroom 100.0 MiB (this process may use it)", "{text}");
+
+    // B is killed: the sweep reclaims it, and A alone may hold the whole 300 MiB.
+    let _ = b.child.kill();
+    let _ = b.child.wait();
+    wait_until("A's share to grow back", Duration::from_secs(20), || get(&sc.samples(), "vramcap_group_share_bytes", &pa, true) == Some(300 * MIB));
+    assert_eq!(get(&sc.samples(), "vramcap_group_share_bytes", &pb, true), None, "B's series left with it");
+}

@@ -56,6 +56,59 @@ fn group_limit_of(r: &Report, proc_idx: usize, dev: i32) -> Option<u64> {
     })
 }
 
+/// A group member's sharing settings (issue 17): member-wide from the header (else the summary),
+/// per device from the header at start and the summary at exit.
+#[derive(Default)]
+struct Sharing {
+    policy: Option<String>,
+    priority: Option<i64>,
+    holds_headroom: Option<bool>,
+    reserve: Option<u64>,
+    headroom: Option<u64>,
+    share: Option<u64>,
+    share_at_exit: Option<u64>,
+}
+
+fn sharing_of(r: &Report, proc_idx: usize, dev: i32) -> Sharing {
+    let rd = &r.merged.readers[proc_idx];
+    let (h, g) = (&rd.header, rd.summary.as_ref().and_then(|s| s.group.as_ref()));
+    let d = h.devices.iter().find(|d| d.index == dev);
+    let at_exit = |m: Option<&std::collections::BTreeMap<String, u64>>| m.and_then(|m| m.get(&dev.to_string()).copied());
+    Sharing {
+        policy: h.group_policy.clone().or_else(|| g?.policy.clone()),
+        priority: h.group_priority.or_else(|| g?.priority),
+        holds_headroom: h.group_holds_headroom.or_else(|| g?.holds_headroom),
+        reserve: d.and_then(|d| d.group_reserve).or_else(|| at_exit(g.map(|g| &g.reserve))),
+        headroom: d.and_then(|d| d.group_headroom).or_else(|| at_exit(g.map(|g| &g.headroom))),
+        share: d.and_then(|d| d.group_share),
+        share_at_exit: at_exit(g.map(|g| &g.share)),
+    }
+}
+
+/// `policy equal, priority 0, share 150.0 MiB at start / 100.0 MiB at exit, reserve …, headroom …`.
+fn sharing_text(s: &Sharing) -> Option<String> {
+    let mut parts = Vec::new();
+    if let Some(p) = &s.policy {
+        parts.push(format!("policy {p}"));
+    }
+    if let Some(p) = s.priority {
+        parts.push(format!("priority {p}"));
+    }
+    match (s.share, s.share_at_exit) {
+        (Some(a), Some(b)) if a != b => parts.push(format!("share {} at start, {} at exit", human(a), human(b))),
+        (Some(a), _) | (None, Some(a)) => parts.push(format!("share {}", human(a))),
+        (None, None) => {}
+    }
+    if let Some(v) = s.reserve {
+        parts.push(format!("reserve {}", human(v)));
+    }
+    if let Some(v) = s.headroom {
+        let held = if s.holds_headroom == Some(true) && v > 0 { " (this process could use it)" } else { "" };
+        parts.push(format!("headroom {}{held}", human(v)));
+    }
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
 /// The trace's word on what was held at exit (`None`: no summary) and how many events it lost.
 fn exit_truth(r: &Report, proc_idx: usize, dev: i32) -> (Option<u64>, u64) {
     let s = r.merged.readers[proc_idx].summary.as_ref();
@@ -95,6 +148,7 @@ pub fn to_json(r: &Report) -> Value {
                     let (limit, total) = limit_of(r, i, d.index);
                     let (held_at_exit, dropped) = exit_truth(r, i, d.index);
                     let (sizes, lives) = hist_json(d);
+                    let sh = sharing_of(r, i, d.index);
                     let leaks: Vec<Value> = d
                         .largest_leaks(10)
                         .iter()
@@ -109,6 +163,8 @@ pub fn to_json(r: &Report) -> Value {
                         "allocated_bytes": d.alloc_bytes, "used_at_end": d.used,
                         "limit": limit, "total": total,
                         "group_limit": group_limit_of(r, i, d.index),
+                        "group_reserve": sh.reserve, "group_headroom": sh.headroom,
+                        "group_share": sh.share, "group_share_at_exit": sh.share_at_exit,
                         "held_at_exit": held_at_exit, "leaks_complete": dropped == 0,
                         "denied_total": r.merged.readers[i].summary.as_ref().and_then(|s| s.denied.as_ref()?.get(&d.index.to_string()).copied()),
                         "driver_ns": {"alloc": d.driver_ns[0], "free": d.driver_ns[1], "fail": d.driver_ns[2], "other": d.driver_ns[3]},
@@ -118,7 +174,9 @@ pub fn to_json(r: &Report) -> Value {
                     })
                 })
                 .collect();
+            let sh = sharing_of(r, i, -1);
             json!({"pid": h.pid, "exe": h.exe, "host": h.host, "group": h.group, "file": r.merged.readers[i].path,
+                   "group_policy": sh.policy, "group_priority": sh.priority, "group_holds_headroom": sh.holds_headroom,
                    "start_unix_ns": h.start_unix_ns, "devices": devices,
                    "dropped": r.merged.readers[i].summary.as_ref().map(|s| s.dropped),
                    "complete": r.merged.readers[i].summary.is_some()})
@@ -158,6 +216,11 @@ pub fn to_text(r: &Report) -> String {
             let (held_at_exit, dropped) = exit_truth(r, i, d.index);
             let dev = if d.index < 0 { "no device".to_string() } else { format!("device {}", d.index) };
             let _ = writeln!(o, "  {dev}{cap}");
+            if h.group.is_some()
+                && let Some(t) = sharing_text(&sharing_of(r, i, d.index))
+            {
+                let _ = writeln!(o, "    group sharing   {t}");
+            }
             let _ = writeln!(o, "    peak            {} at t={}", human(d.peak), secs(d.peak_t_ns));
             let _ = writeln!(o, "    allocations     {} ({} total), frees {}, other events {}", d.allocs, human(d.alloc_bytes), d.frees, d.other);
             if let Some(held) = held_at_exit {

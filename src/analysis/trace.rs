@@ -47,6 +47,13 @@ pub struct DeviceInfo {
     /// The group's budget on this device (group members).
     #[serde(default)]
     pub group_limit: Option<u64>,
+    /// The member's reserve, the group's headroom and (`equal`) its share when the trace began.
+    #[serde(default)]
+    pub group_reserve: Option<u64>,
+    #[serde(default)]
+    pub group_headroom: Option<u64>,
+    #[serde(default)]
+    pub group_share: Option<u64>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -62,6 +69,13 @@ pub struct Header {
     pub devices: Vec<DeviceInfo>,
     #[serde(default)]
     pub group: Option<String>,
+    /// The group's policy, the member's priority and whether it held the headroom.
+    #[serde(default)]
+    pub group_policy: Option<String>,
+    #[serde(default)]
+    pub group_priority: Option<i64>,
+    #[serde(default)]
+    pub group_holds_headroom: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -84,6 +98,19 @@ pub struct Summary {
 pub struct GroupSummary {
     #[serde(default)]
     pub limit: std::collections::BTreeMap<String, u64>,
+    #[serde(default)]
+    pub policy: Option<String>,
+    #[serde(default)]
+    pub priority: Option<i64>,
+    #[serde(default)]
+    pub holds_headroom: Option<bool>,
+    #[serde(default)]
+    pub reserve: std::collections::BTreeMap<String, u64>,
+    #[serde(default)]
+    pub headroom: std::collections::BTreeMap<String, u64>,
+    /// `equal`: the member's share at its exit.
+    #[serde(default)]
+    pub share: std::collections::BTreeMap<String, u64>,
 }
 
 impl Summary {
@@ -292,7 +319,7 @@ impl TraceReader {
         let file = File::open(path).map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
         let mut r = TraceReader {
             path: path.to_path_buf(),
-            header: Header { version: 0, pid: 0, exe: String::new(), host: String::new(), start_unix_ns: 0, devices: vec![], group: None },
+            header: Header { version: 0, pid: 0, exe: String::new(), host: String::new(), start_unix_ns: 0, devices: vec![], group: None, group_policy: None, group_priority: None, group_holds_headroom: None },
             summary: None,
             reader: BufReader::with_capacity(1 << 18, file),
             buf: Vec::with_capacity(512),

@@ -273,6 +273,74 @@ fn check_limits(c: &mut Checks, devices: &[limits::DeviceInfo], resolvable: bool
         } else {
             c.fail("group dir", &format!("{} is not a writable directory", g.dir), "create it (shared by the group's processes) or set VRAMCAP_GROUP_DIR");
         }
+        check_sharing(c, &g, devices, resolvable);
+    }
+}
+
+/// The group's sharing settings (issue 17), shown as the limits are: what a member started in
+/// this environment would ask its group for. A reserve or headroom that names a device this
+/// machine lacks, or could never fit in the group's limit, is a FAIL: the job would be refused
+/// at CUDA initialisation.
+fn check_sharing(c: &mut Checks, g: &group::GroupConfig, devices: &[limits::DeviceInfo], resolvable: bool) {
+    let what = "sharing";
+    let policy = match g.policy {
+        Some(p) => format!("policy {} (VRAMCAP_GROUP_POLICY; a running group keeps the policy its first member set)", p.name()),
+        None => "policy: the group's (shared for a new group)".to_string(),
+    };
+    c.ok(what, &format!("{policy}, priority {}", g.priority));
+    if g.priority != 0 && g.policy.is_some_and(|p| p != group::PolicyName::Priority) {
+        c.info(what, "VRAMCAP_PRIORITY is set, but only the priority policy uses it", None);
+    }
+    let per = |b: &[u64]| b.iter().enumerate().map(|(i, &x)| format!("GPU {i} {}", human(x))).collect::<Vec<_>>().join(", ");
+    // Resolved per device; `None`: unset, or the devices are unknown (shown as parsed only).
+    let resolved = |spec: &limits::LimitSpec, label: &str, unset: &str, c: &mut Checks| -> Option<Vec<u64>> {
+        if spec.is_empty() {
+            c.ok(what, &format!("{label}: {unset}"));
+            return None;
+        }
+        if !resolvable {
+            let vars: Vec<String> = spec.entries.iter().map(|e| e.var.clone()).collect();
+            c.ok(what, &format!("{label}: {} (parsed; devices unknown)", vars.join(", ")));
+            return None;
+        }
+        match spec.resolve(devices) {
+            Ok(b) => {
+                c.ok(what, &format!("{label}: {}", per(&b)));
+                Some(b)
+            }
+            Err(e) => {
+                c.fail(what, &e.to_string(), "use a device this machine has (vramcap doctor lists them)");
+                None
+            }
+        }
+    };
+    let reserve = resolved(&g.reserve, "reserve", "none (VRAMCAP_GROUP_RESERVE unset)", c);
+    let headroom = resolved(&g.headroom, "headroom", "the group's (none for a new group)", c);
+    let limit = if g.limits.is_empty() || !resolvable { None } else { g.limits.resolve(devices).ok() };
+    let Some(limit) = limit else { return };
+    for (d, &l) in limit.iter().enumerate().filter(|(_, l)| **l > 0) {
+        let h = headroom.as_ref().map_or(0, |h| h[d]);
+        if h >= l {
+            c.fail(
+                what,
+                &format!("headroom {} on GPU {d} is the whole group limit {}: only a late starter could ever allocate", human(h), human(l)),
+                "lower VRAMCAP_GROUP_HEADROOM below VRAMCAP_GROUP_LIMIT",
+            );
+            continue;
+        }
+        let r = reserve.as_ref().map_or(0, |r| r[d]);
+        if r > l - h {
+            c.fail(
+                what,
+                &format!(
+                    "reserve {} on GPU {d} does not fit the group limit {} less the headroom {}: a job would be refused at CUDA initialisation",
+                    human(r),
+                    human(l),
+                    human(h)
+                ),
+                "lower VRAMCAP_GROUP_RESERVE, or raise VRAMCAP_GROUP_LIMIT",
+            );
+        }
     }
 }
 

@@ -181,6 +181,15 @@ pub struct MemberView {
     pub devices: Vec<(u64, u64, u64, Option<u64>)>,
 }
 
+impl MemberView {
+    /// Device `d`'s (reserve, headroom, equal share) for the trace and the sidecar.
+    pub fn on(&self, d: usize) -> Option<(u64, u64, Option<u64>)> {
+        self.devices.get(d).map(|&(reserve, _, headroom, share)| (reserve, headroom, share))
+    }
+}
+
+/// This member's view, `None` outside a group or before it has a slot (a forked child that has
+/// not charged yet). Reads the ledger's words only: cheap, but not for the allocation path.
 pub fn view() -> Option<MemberView> {
     let (s, slot) = super::me()?;
     let sl = &s.slots[slot];

@@ -49,6 +49,11 @@ fn labels(c: &Client, device: Option<String>, extra: &[(&str, &str)]) -> String 
     l
 }
 
+/// `policy`, for a member whose header named its group's policy.
+fn policy_label(c: &Client) -> Vec<(&'static str, &str)> {
+    c.policy.as_deref().map(|p| ("policy", p)).into_iter().collect()
+}
+
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
@@ -83,6 +88,38 @@ pub fn render(r: &Registry) -> String {
                     let _ = writeln!(out, "{name}{{{}}} {v}", labels(c, Some(i.to_string()), &[]));
                 }
             }
+        }
+    }
+    // Each member's sharing settings (issue 17), labelled with its group's policy: what a
+    // dashboard needs to tell "denied by its share" from "denied by the budget".
+    let sharing: [(&str, &str, Pick); 3] = [
+        ("vramcap_group_reserve_bytes", "The member's reserve (VRAMCAP_GROUP_RESERVE) in its group's budget on the device; 0: none.", |d| d.group_reserve),
+        ("vramcap_group_share_bytes", "Policy equal only: the most the member may hold on the device now, (budget - headroom) / live members (plus the headroom for its holder), as it last reported.", |d| d.group_share),
+        ("vramcap_group_headroom_bytes", "The group's headroom on the device (VRAMCAP_GROUP_HEADROOM): budget kept free for a member not running yet; 0: none.", |d| d.group_headroom),
+    ];
+    for (name, help, pick) in sharing {
+        family(&mut out, name, "gauge", help);
+        for c in &clients {
+            let extra = policy_label(c);
+            for (i, d) in &c.devices {
+                if let Some(v) = pick(d) {
+                    let _ = writeln!(out, "{name}{{{}}} {v}", labels(c, Some(i.to_string()), &extra));
+                }
+            }
+        }
+    }
+    family(&mut out, "vramcap_group_priority", "gauge", "The member's VRAMCAP_PRIORITY (higher wins under policy priority; group members only).");
+    for c in &clients {
+        if let Some(p) = c.priority {
+            let extra = policy_label(c);
+            let _ = writeln!(out, "vramcap_group_priority{{{}}} {p}", labels(c, None, &extra));
+        }
+    }
+    family(&mut out, "vramcap_group_headroom_holder", "gauge", "1 when the member is the one that may use its group's headroom, else 0 (group members only).");
+    for c in &clients {
+        if let Some(h) = c.holds_headroom {
+            let extra = policy_label(c);
+            let _ = writeln!(out, "vramcap_group_headroom_holder{{{}}} {}", labels(c, None, &extra), h as u8);
         }
     }
     family(&mut out, "vramcap_allocations_total", "counter", "Successful counted allocations, per entry point.");
@@ -199,6 +236,35 @@ mod tests {
         assert!(m.contains("vramcap_group_memory_limit_bytes{pid=\"99\",device=\"0\",exe=\"py\",group=\"team\"} 1536"), "{m}");
         assert!(m.contains("vramcap_group_memory_used_bytes{pid=\"99\",device=\"0\",exe=\"py\",group=\"team\"} 1280"), "{m}");
         assert!(m.contains("vramcap_memory_used_bytes{pid=\"99\",device=\"0\",exe=\"py\",group=\"team\"} 256"), "{m}");
+    }
+
+    /// A member's sharing settings: from its header, the share as its latest snapshot has it;
+    /// a process outside a group gets none of these series.
+    #[test]
+    fn sharing_settings_are_exported_with_the_policy() {
+        let h = serde_json::json!({"type":"header","version":1,"pid":1,"exe":"py","group":"team",
+            "group_policy":"equal","group_priority":-2,"group_holds_headroom":true,
+            "devices":[{"index":0,"total":10,"limit":null,"group_limit":1000,"group_reserve":100,"group_headroom":200,"group_share":600}]});
+        let mut r = Registry::default();
+        let mut c = Client::from_header(99, 0, &h).unwrap();
+        c.apply(&serde_json::json!({"type":"usage","t_ns":1,"events":0,"dropped":0,"allocations":[],
+            "devices":[{"index":0,"used":0,"limit":null,"peak":0,"denied":0,"group_limit":1000,"group_used":0,
+                        "group_reserve":100,"group_headroom":200,"group_share":466}]})).unwrap();
+        r.clients.insert(1, c);
+        let plain = serde_json::json!({"type":"header","version":1,"pid":2,"exe":"other","devices":[{"index":0,"total":10,"limit":5}]});
+        r.clients.insert(2, Client::from_header(98, 0, &plain).unwrap());
+        let m = render(&r);
+        let l = "pid=\"99\",device=\"0\",exe=\"py\",group=\"team\",policy=\"equal\"";
+        for want in [
+            format!("vramcap_group_reserve_bytes{{{l}}} 100\n"),
+            format!("vramcap_group_headroom_bytes{{{l}}} 200\n"),
+            format!("vramcap_group_share_bytes{{{l}}} 466\n"),
+            "vramcap_group_priority{pid=\"99\",exe=\"py\",group=\"team\",policy=\"equal\"} -2\n".to_string(),
+            "vramcap_group_headroom_holder{pid=\"99\",exe=\"py\",group=\"team\",policy=\"equal\"} 1\n".to_string(),
+        ] {
+            assert!(m.contains(&want), "{want} not in:\n{m}");
+        }
+        assert!(!m.lines().any(|x| x.starts_with("vramcap_group_") && x.contains("pid=\"98\"")), "{m}");
     }
 
     #[test]

@@ -14,6 +14,11 @@ pub struct Device {
     /// The group's budget and charge on the device (group members only).
     pub group_limit: Option<u64>,
     pub group_used: Option<u64>,
+    /// The member's reserve, the group's headroom and (`equal`) the member's share on the
+    /// device, where the group caps it (issue 17).
+    pub group_reserve: Option<u64>,
+    pub group_headroom: Option<u64>,
+    pub group_share: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -31,6 +36,11 @@ pub struct Client {
     pub pod: Option<String>,
     pub container: Option<String>,
     pub group: Option<String>,
+    /// The group's policy, the member's priority and whether it holds the group's headroom
+    /// (group members of a vramcap that sends them).
+    pub policy: Option<String>,
+    pub priority: Option<i64>,
+    pub holds_headroom: Option<bool>,
     pub devices: BTreeMap<usize, Device>,
     /// (device, api) → successful counted allocations.
     pub allocations: BTreeMap<(i64, String), u64>,
@@ -93,6 +103,9 @@ impl Client {
             pod: str_field(h, "pod"),
             container: str_field(h, "container"),
             group: str_field(h, "group"),
+            policy: str_field(h, "group_policy"),
+            priority: h.get("group_priority").and_then(Value::as_i64),
+            holds_headroom: h.get("group_holds_headroom").and_then(Value::as_bool),
             devices: BTreeMap::new(),
             allocations: BTreeMap::new(),
             dropped: 0,
@@ -117,6 +130,9 @@ impl Client {
                 let dev = c.devices.entry(i).or_default();
                 dev.limit = d.get("limit").and_then(Value::as_u64);
                 dev.group_limit = d.get("group_limit").and_then(Value::as_u64);
+                dev.group_reserve = d.get("group_reserve").and_then(Value::as_u64);
+                dev.group_headroom = d.get("group_headroom").and_then(Value::as_u64);
+                dev.group_share = d.get("group_share").and_then(Value::as_u64);
             }
         }
         Ok(c)
@@ -173,6 +189,10 @@ impl Client {
             dev.denied = d.get("denied").and_then(Value::as_u64).unwrap_or(dev.denied);
             dev.group_limit = d.get("group_limit").and_then(Value::as_u64).or(dev.group_limit);
             dev.group_used = d.get("group_used").and_then(Value::as_u64).or(dev.group_used);
+            dev.group_reserve = d.get("group_reserve").and_then(Value::as_u64).or(dev.group_reserve);
+            dev.group_headroom = d.get("group_headroom").and_then(Value::as_u64).or(dev.group_headroom);
+            // The share moves as members come and go: the snapshot's is the one now.
+            dev.group_share = d.get("group_share").and_then(Value::as_u64).or(dev.group_share);
         }
         if let Some(allocs) = v.get("allocations").and_then(Value::as_array) {
             self.allocations.clear();
@@ -217,11 +237,15 @@ impl Client {
             "pod": self.pod,
             "container": self.container,
             "group": self.group,
+            "group_policy": self.policy,
+            "group_priority": self.priority,
+            "group_holds_headroom": self.holds_headroom,
             "events": self.events,
             "dropped": self.dropped,
             "devices": self.devices.iter().map(|(i, d)| json!({
                 "index": i, "used": d.used, "limit": d.limit, "peak": d.peak, "denied": d.denied,
                 "group_limit": d.group_limit, "group_used": d.group_used,
+                "group_reserve": d.group_reserve, "group_headroom": d.group_headroom, "group_share": d.group_share,
             })).collect::<Vec<_>>(),
             "allocations": self.allocations.iter().map(|((dev, api), n)| json!({
                 "dev": dev, "api": api, "count": n,

@@ -86,9 +86,42 @@ pub fn render(state: &Value) -> String {
                 human(n("peak")),
                 n("denied")
             ));
+            if let Some(line) = sharing_line(c, d) {
+                out.push_str(&format!("{:>8}  {:<20} {:>3}  {line}\n", "", "", ""));
+            }
         }
     }
     out
+}
+
+/// Under a group member's row: its group's policy, its priority, and on this device its share
+/// (`equal`), reserve and the group's headroom (issue 17). `None` when it sent none of them.
+fn sharing_line(c: &Value, d: &Value) -> Option<String> {
+    let policy = c.get("group_policy").and_then(Value::as_str);
+    let bytes = |k: &str| d.get(k).and_then(Value::as_u64);
+    let (share, reserve, headroom) = (bytes("group_share"), bytes("group_reserve"), bytes("group_headroom"));
+    if policy.is_none() && reserve.is_none() && headroom.is_none() {
+        return None;
+    }
+    let mut parts = Vec::new();
+    if let Some(p) = policy {
+        parts.push(format!("policy {p}"));
+    }
+    if let Some(p) = c.get("group_priority").and_then(Value::as_i64) {
+        parts.push(format!("priority {p}"));
+    }
+    if let Some(s) = share {
+        parts.push(format!("share {}", human(s)));
+    }
+    if let Some(r) = reserve {
+        parts.push(format!("reserve {}", human(r)));
+    }
+    if let Some(h) = headroom {
+        let mine = c.get("group_holds_headroom").and_then(Value::as_bool) == Some(true) && h > 0;
+        parts.push(format!("headroom {}{}", human(h), if mine { " (this process may use it)" } else { "" }));
+    }
+    let name = c.get("group").and_then(Value::as_str).unwrap_or("?");
+    Some(format!("group \"{name}\": {}", parts.join(", ")))
 }
 
 /// top keeps SIGPIPE ignored (a sidecar hanging up on the query must stay an error value): a
@@ -158,6 +191,25 @@ mod tests {
         let t = render(&state);
         assert!(t.contains("1.0 GiB / 1.5 GiB group"), "{t}");
         assert!(!t.contains("1.0 GiB / -"), "{t}");
+    }
+
+    /// Each member's sharing settings are shown under its row, per device.
+    #[test]
+    fn a_group_members_policy_share_reserve_and_headroom_are_shown() {
+        let state = serde_json::json!({"type":"state","bad_clients":0,"clients":[
+            {"pid":42,"exe":"python3","group":"team","group_policy":"equal","group_priority":3,"group_holds_headroom":true,
+             "devices":[{"index":0,"used":1u64<<20,"limit":null,"group_limit":300u64<<20,"group_share":150u64<<20,
+                         "group_reserve":100u64<<20,"group_headroom":200u64<<20,"peak":1u64<<20,"denied":0}]},
+            {"pid":43,"exe":"plain","devices":[{"index":0,"used":1,"limit":null,"peak":1,"denied":0}]}]});
+        let t = render(&state);
+        let rows: Vec<&str> = t.lines().collect();
+        assert_eq!(rows.len(), 5, "{t}");
+        assert!(rows[2].trim_start().starts_with("42"), "{t}");
+        assert_eq!(
+            rows[3].trim(),
+            "group \"team\": policy equal, priority 3, share 150.0 MiB, reserve 100.0 MiB, headroom 200.0 MiB (this process may use it)"
+        );
+        assert!(rows[4].trim_start().starts_with("43"), "no sharing line for a process outside a group: {t}");
     }
 
     #[test]

@@ -81,6 +81,14 @@ pub struct DeviceLine {
     /// The group's budget on this device (group members only; absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group_limit: Option<u64>,
+    /// Where the group caps the device: this member's reserve and the group's headroom (0 when
+    /// none), and under `equal` its share now (issue 17).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_reserve: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_headroom: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_share: Option<u64>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -96,6 +104,14 @@ pub struct Header {
     pub start_unix_ns: u64,
     pub devices: Vec<DeviceLine>,
     pub group: Option<String>,
+    /// Group members only: the group's policy, this member's priority, and whether it is the
+    /// one member that may use the group's headroom; all three hold for the member's whole life.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_policy: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_priority: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_holds_headroom: Option<bool>,
 }
 
 pub fn json_line(buf: &mut Vec<u8>, v: &impl serde::Serialize) {
@@ -127,6 +143,22 @@ pub struct GroupSummary {
     /// Per device the group caps: its budget, and every member's charge together at this exit.
     pub limit: std::collections::BTreeMap<String, u64>,
     pub used: std::collections::BTreeMap<String, u64>,
+    /// The member's policy, priority and headroom holding (absent when it had no slot, e.g. a
+    /// forked child that never allocated).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holds_headroom: Option<bool>,
+    /// Per device the group caps: this member's reserve, the group's headroom, and under
+    /// `equal` the member's share at this exit.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub reserve: std::collections::BTreeMap<String, u64>,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub headroom: std::collections::BTreeMap<String, u64>,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub share: std::collections::BTreeMap<String, u64>,
 }
 
 /// A periodic `{"type":"usage",...}` snapshot: the process's numbers as the ledger and the writer
@@ -154,6 +186,13 @@ pub struct DeviceUsage {
     pub group_limit: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group_used: Option<u64>,
+    /// As in the header's `devices[]`: the share moves as members come and go.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_reserve: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_headroom: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_share: Option<u64>,
 }
 
 /// Successful counted allocations (`op` `alloc`) of one entry point on one device, since start.

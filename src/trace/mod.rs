@@ -183,10 +183,27 @@ extern "C" fn at_exit() {
     lifetime::exit_and_wait(Instant::now() + Duration::from_secs(5));
 }
 
+/// (reserve, headroom, equal share) of one device.
+pub(crate) type DeviceSharing = (Option<u64>, Option<u64>, Option<u64>);
+
+/// A group member's sharing settings on device `d`: (reserve, headroom, equal share), only
+/// where its group caps `d` (beside `group_limit`, which is absent elsewhere).
+pub(crate) fn sharing_on(v: Option<&crate::group::sharing::MemberView>, d: usize, capped: bool) -> DeviceSharing {
+    match v.and_then(|v| v.on(d)).filter(|_| capped) {
+        Some((reserve, headroom, share)) => (Some(reserve), Some(headroom), share),
+        None => (None, None, None),
+    }
+}
+
 fn header() -> Header {
     let pid = unsafe { libc::getpid() };
+    let member = crate::group::sharing::view();
     let devices = (0..ledger::device_count())
-        .map(|i| DeviceLine { index: i, total: ledger::total(i), limit: ledger::limit(i), group_limit: crate::group::view(i).map(|g| g.0) })
+        .map(|i| {
+            let group_limit = crate::group::view(i).map(|g| g.0);
+            let (group_reserve, group_headroom, group_share) = sharing_on(member.as_ref(), i, group_limit.is_some());
+            DeviceLine { index: i, total: ledger::total(i), limit: ledger::limit(i), group_limit, group_reserve, group_headroom, group_share }
+        })
         .collect();
     Header {
         kind: "header",
@@ -201,6 +218,9 @@ fn header() -> Header {
         start_unix_ns: ORIGIN_UNIX_NS.load(Ordering::Relaxed),
         devices,
         group: crate::group::name().map(str::to_string),
+        group_policy: member.as_ref().map(|m| m.policy),
+        group_priority: member.as_ref().map(|m| m.priority),
+        group_holds_headroom: member.as_ref().map(|m| m.holds_headroom),
     }
 }
 
@@ -235,10 +255,26 @@ fn summary() -> Summary {
     let n = ledger::device_count().max(ledger::highest_used_device() + 1);
     let group = crate::group::name().map(|name| {
         let caps: Vec<(usize, (u64, u64))> = (0..n).filter_map(|d| Some((d, crate::group::view(d)?))).collect();
+        let member = crate::group::sharing::view();
+        let (mut reserve, mut headroom, mut share) = Default::default();
+        for (d, _) in &caps {
+            let (r, h, s) = sharing_on(member.as_ref(), *d, true);
+            for (map, v) in [(&mut reserve, r), (&mut headroom, h), (&mut share, s)] {
+                if let Some(v) = v {
+                    std::collections::BTreeMap::insert(map, d.to_string(), v);
+                }
+            }
+        }
         format::GroupSummary {
             name: name.to_string(),
             limit: caps.iter().map(|(d, (l, _))| (d.to_string(), *l)).collect(),
             used: caps.iter().map(|(d, (_, u))| (d.to_string(), *u)).collect(),
+            policy: member.as_ref().map(|m| m.policy),
+            priority: member.as_ref().map(|m| m.priority),
+            holds_headroom: member.as_ref().map(|m| m.holds_headroom),
+            reserve,
+            headroom,
+            share,
         }
     });
     Summary {

@@ -178,20 +178,28 @@ impl Sidecar {
 
     fn usage(&self) -> Usage {
         let n = ledger::device_count().max(ledger::highest_used_device() + 1).max(self.tally.denied.len());
+        let member = crate::group::sharing::view();
         Usage {
             kind: "usage",
             t_ns: crate::log::monotonic_ns().saturating_sub(self.origin_mono_ns),
             events: events::emitted(),
             dropped: self.total_dropped(),
             devices: (0..n)
-                .map(|d| DeviceUsage {
-                    index: d,
-                    used: ledger::used(d),
-                    limit: ledger::limit(d),
-                    peak: ledger::peak(d),
-                    denied: self.tally.denied.get(d).copied().unwrap_or(0),
-                    group_limit: crate::group::view(d).map(|g| g.0),
-                    group_used: crate::group::view(d).map(|g| g.1),
+                .map(|d| {
+                    let group = crate::group::view(d);
+                    let (group_reserve, group_headroom, group_share) = super::sharing_on(member.as_ref(), d, group.is_some());
+                    DeviceUsage {
+                        index: d,
+                        used: ledger::used(d),
+                        limit: ledger::limit(d),
+                        peak: ledger::peak(d),
+                        denied: self.tally.denied.get(d).copied().unwrap_or(0),
+                        group_limit: group.map(|g| g.0),
+                        group_used: group.map(|g| g.1),
+                        group_reserve,
+                        group_headroom,
+                        group_share,
+                    }
                 })
                 .collect(),
             allocations: self
