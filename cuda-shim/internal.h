@@ -98,7 +98,7 @@ CUresult fc_mem_alloc_cur(CUdeviceptr *dptr, size_t size); /* cuMemAlloc_v2 sema
  * the documentation says goes with it (cuMemAlloc*, pitched, managed memory, arrays), not VMM
  * handles or stream-ordered memory, which belong to the device. */
 void fc_ctx_free_memory(struct fc_ctx *c);
-void fc_arrays_ctx_gone(struct fc_ctx *c);     /* vmm.c: arrays made in c */
+void fc_arrays_ctx_gone(struct fc_ctx *c);     /* arrays.c: arrays made in c */
 /* Pools (pool.c): give back what exceeds each pool's release threshold (at synchronize). */
 void fc_pools_sync(int dev);
 int fc_stream_dev(CUstream s);              /* -1: bad stream or no context */

@@ -136,6 +136,27 @@ fn a_retained_handle_is_one_more_reference() {
 }
 
 #[test]
+fn an_exported_allocation_keeps_its_memory_after_release_and_unmap() {
+    // Exported as a POSIX fd, then released and unmapped: the shareable handle is a reference the
+    // process cannot see released (an importer anywhere may still hold the memory).
+    agree("init ctx 0 vmmfd 200m 0 vamap 0 200m export 0 release 0 vaunmap 0 vmm 200m 0", &[
+        ("export", &[0]),
+        ("release", &[0]),
+        ("vaunmap", &[0]),
+        ("vmm", &[0, 2]),
+    ]);
+    // Imported again in this process: the same handle, one more reference; both released, the
+    // memory still lives.
+    agree("init ctx 0 vmmfd 200m 0 export 0 import 0 release 0 release 1 vmm 200m 0", &[
+        ("import", &[0]),
+        ("release", &[0, 0]),
+        ("vmm", &[0, 2]),
+    ]);
+    // A refused export (the handle was not created shareable) keeps nothing alive.
+    agree("init ctx 0 vmm 200m 0 export 0 release 0 vmm 200m 0", &[("export", &[1]), ("vmm", &[0, 0])]);
+}
+
+#[test]
 fn racing_threads_never_pass_the_cap_and_leave_nothing_charged() {
     for c in CLIENTS {
         // 16 threads × 300 rounds of create, map, release-after-map (or NCCL's retain/release),
@@ -171,6 +192,7 @@ fn every_abi_of_the_context_and_vmm_lifetime_entry_points_is_wrapped() {
         "cuCtxCreate", "cuCtxDestroy", "cuCtxAttach", "cuCtxDetach", "cuDevicePrimaryCtxRetain",
         "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset", "cuMemCreate", "cuMemRelease", "cuMemMap",
         "cuMemUnmap", "cuMemRetainAllocationHandle", "cuMemImportFromShareableHandle",
+        "cuMemExportToShareableHandle",
     ];
     let versions = [2000, 3020, 4000, 7000, 10020, 11000, 11040, 12000, 12050, 13000, 13050];
     let dir = private_group_dir();

@@ -113,6 +113,26 @@ pub unsafe fn unmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     t.rc
 }
 
+/// `cuMemExportToShareableHandle`: the shareable handle (an fd, a fabric handle, …) is one more
+/// reference to the memory, and it may be imported in any process, where vramcap cannot see it
+/// released. The allocation is pinned before the driver is asked (a release racing the export must
+/// not end the charge of memory that is about to be shared) and stays charged for the life of the
+/// process if the export succeeds: keeping a charge can only deny, dropping it could hand out
+/// memory that still exists.
+pub unsafe fn export_shareable(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) -> CUresult {
+    let Some(f) = real::cuMemExportToShareableHandle() else { return MISSING_REAL };
+    if mode() != Mode::Enforce {
+        return unsafe { f(shareable, handle, kind, flags) };
+    }
+    let id = guarded(None, || handles::export_begin(handle));
+    let t = timed(|| unsafe { f(shareable, handle, kind, flags) });
+    guarded((), || handles::export_end(id, t));
+    if t.rc != CUDA_SUCCESS {
+        emit(Op::Fail, Hook::cuMemExportToShareableHandle, -1, handle, 0, t, 0);
+    }
+    t.rc
+}
+
 /// Memory exported by another process: that process is charged for it. A handle this process
 /// exported itself comes back as one more reference to an allocation already charged.
 pub unsafe fn import_shareable(handle: *mut CUmemGenericAllocationHandle, os: *mut c_void, kind: c_int) -> CUresult {
