@@ -85,6 +85,35 @@ fn a_primary_reset_keeps_vmm_memory() {
 }
 
 #[test]
+fn the_end_of_a_context_keeps_stream_ordered_memory() {
+    // cuMemAllocAsync / cuMemAllocFromPoolAsync memory belongs to its pool (the device's), not to
+    // the context that asked for it: a destroyed context leaves it allocated until it is freed.
+    // slot 0: the default pool's 200 MiB; pool 0 is created in the doomed context. Freed memory
+    // goes back at a synchronize (release threshold 0) before the last request, so that request
+    // needs no trim (vramcap trims before it denies, the bare driver need not).
+    for destroy in ["destroy1", "destroy2"] {
+        agree(&format!("init mkctx 2 0 poolcreate 0 async 200m {destroy} 0 ctx 0 async 100m palloc 0 100m freeasync 0 sync async 100m"), &[
+            ("async", &[0, 2, 0]),
+            ("palloc", &[2]),
+            ("destroy", &[0]),
+            ("freeasync", &[0]),
+        ]);
+        agree(&format!("init mkctx 2 0 poolcreate 0 palloc 0 200m {destroy} 0 ctx 0 async 100m freeasync 0 sync palloc 0 100m"), &[
+            ("palloc", &[0, 0]),
+            ("async", &[2]),
+        ]);
+    }
+    // A primary context reset frees what the context allocated, not what its pools hold.
+    for reset in ["reset", "reset1"] {
+        agree(&format!("init ctx 0 poolcreate 0 async 150m palloc 0 50m {reset} 0 async 100m palloc 0 100m freeasync 0 sync async 100m"), &[
+            ("async", &[0, 2, 0]),
+            ("palloc", &[0, 2]),
+            ("reset", &[0]),
+        ]);
+    }
+}
+
+#[test]
 fn a_detach_to_zero_destroys_the_context() {
     // PyCUDA: push, detach (which pops); the next context starts from zero.
     for v in 1..=4 {
