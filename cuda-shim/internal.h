@@ -52,7 +52,7 @@ struct fc_config {
     int device_count;
     int driver_version;
     int init_fail;                          /* 0 = cuInit succeeds */
-    long free_delay_us;                     /* FAKECUDA_FREE_DELAY_US: cuMemFree returns this late */
+    long free_delay_us;                     /* FAKECUDA_FREE_DELAY_US: cuMemFree_v2, cuMemFreeAsync return this late */
     unsigned long long mem[FC_MAX_DEVICES]; /* total bytes per device */
 };
 extern struct fc_config fc_cfg;
