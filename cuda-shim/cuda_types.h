@@ -196,6 +196,11 @@ CUresult cuMemMapArrayAsync(void *mapInfoList, unsigned int count, CUstream hStr
 CUresult cuMemMapArrayAsync_ptsz(void *mapInfoList, unsigned int count, CUstream hStream);
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
+/* CUmemAllocationHandleType: a POSIX fd (an int written through shareableHandle; passed to import
+ * as the fd cast to void *). */
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
+CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle, int handleType,
+                                      unsigned long long flags);
 CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, int type);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);
 CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);

@@ -52,7 +52,7 @@ struct fc_config {
     int device_count;
     int driver_version;
     int init_fail;                          /* 0 = cuInit succeeds */
-    long free_delay_us;                     /* FAKECUDA_FREE_DELAY_US: cuMemFree returns this late */
+    long free_delay_us;                     /* FAKECUDA_FREE_DELAY_US: cuMemFree_v2, cuMemFreeAsync return this late */
     unsigned long long mem[FC_MAX_DEVICES]; /* total bytes per device */
 };
 extern struct fc_config fc_cfg;
@@ -98,7 +98,7 @@ CUresult fc_mem_alloc_cur(CUdeviceptr *dptr, size_t size); /* cuMemAlloc_v2 sema
  * the documentation says goes with it (cuMemAlloc*, pitched, managed memory, arrays), not VMM
  * handles or stream-ordered memory, which belong to the device. */
 void fc_ctx_free_memory(struct fc_ctx *c);
-void fc_arrays_ctx_gone(struct fc_ctx *c);     /* vmm.c: arrays made in c */
+void fc_arrays_ctx_gone(struct fc_ctx *c);     /* arrays.c: arrays made in c */
 /* Pools (pool.c): give back what exceeds each pool's release threshold (at synchronize). */
 void fc_pools_sync(int dev);
 int fc_stream_dev(CUstream s);              /* -1: bad stream or no context */

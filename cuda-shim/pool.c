@@ -23,6 +23,7 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -180,6 +181,10 @@ static CUresult pool_free(CUdeviceptr dptr, CUstream stream)
     /* Graph memory a launched graph left allocated, freed outside the graph. */
     if (rc != CUDA_SUCCESS && fc_graph_mem_free(dptr))
         rc = CUDA_SUCCESS;
+    /* The block is reusable already: a late return is the window an interposer's trace must
+     * stamp right (FAKECUDA_FREE_DELAY_US). */
+    if (rc == CUDA_SUCCESS && fc_cfg.free_delay_us)
+        usleep((useconds_t)fc_cfg.free_delay_us);
     return rc;
 }
 

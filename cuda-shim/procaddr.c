@@ -31,9 +31,10 @@ static const struct proc_entry g_procs[] = {
 #undef EP
 };
 
-/* Whether this copy of the driver exports `sym`: the old-driver variant (old-driver.map) keeps
- * some entry points unexported, and a driver never hands out through cuGetProcAddress what it
- * does not have. Looked up on our own handle (RTLD_NOLOAD: the library is loaded, we are in it). */
+/* Whether this copy of the driver exports `sym`: the variants built with a link map
+ * (old-driver.map, pre-12.8-driver.map, no-stream-device.map) keep some entry points unexported,
+ * and a driver never hands out through cuGetProcAddress what it does not have. Looked up on our
+ * own handle (RTLD_NOLOAD: the library is loaded, we are in it). */
 static int exported(const char *sym)
 {
     static void *self;

@@ -1,7 +1,8 @@
 /*
  * vmm.c - the other ways to get memory from the fake driver: pitched and
- * managed allocations, virtual memory management (cuMemCreate/cuMemMap...),
- * CUDA arrays, page-locked host memory and IPC.
+ * managed allocations, virtual memory management (cuMemCreate/cuMemMap...)
+ * with POSIX file-descriptor shareable handles, page-locked host memory and
+ * IPC (arrays: arrays.c).
  *
  * VMM is real here: a physical allocation is a memfd of the requested size,
  * cuMemAddressReserve reserves PROT_NONE address space and cuMemMap maps the
@@ -10,7 +11,9 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -50,13 +53,24 @@ FC_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
  * of it is unmapped. A released handle is invalid for new calls even while its memory lives on;
  * cuMemRetainAllocationHandle on a mapped address makes it valid again (same handle value).
  * cuMemUnmap must cover whole mappings: a sub-range of one is refused.
+ *
+ * Shareable handles (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR only, for allocations created with
+ * that type in prop->requestedHandleTypes, as documented): the exported fd is a duplicate of the
+ * allocation's memfd. The documentation counts a shareable handle among the references that keep
+ * the memory alive, and an fd may live on in any process it was sent to, where this driver cannot
+ * see it close: an exported allocation's memory is never given back (for the life of the
+ * process). cuMemImportFromShareableHandle of such an fd in this process answers the same handle
+ * value with one more reference (valid again if it had been released).
  */
 #define VMM_MAGIC 0x564d4d48U
 struct vmm {
     unsigned int magic;
     int fd, dev;
+    int type_mask;              /* prop->requestedHandleTypes */
     size_t size;
     int refs, maps;             /* g_vmm_lock */
+    int exported;               /* g_vmm_lock: a shareable handle exists, never freed */
+    struct vmm *next_exported;  /* g_vmm_lock: g_exported list */
 };
 
 struct vmm_map {
@@ -66,6 +80,7 @@ struct vmm_map {
 static pthread_mutex_t g_vmm_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct vmm_map *g_maps;
 static size_t g_nmaps, g_capmaps;
+static struct vmm *g_exported;  /* every exported allocation (import looks them up) */
 
 /* A handle the caller may still use (lock held). */
 static struct vmm *vmm_live(CUmemGenericAllocationHandle handle)
@@ -133,6 +148,7 @@ FC_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     v->dev = dev;
     v->size = size;
     v->refs = 1;
+    v->type_mask = prop->requestedHandleTypes;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
     return CUDA_SUCCESS;
 }
@@ -151,7 +167,7 @@ FC_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
         pthread_mutex_unlock(&g_vmm_lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    gone = --v->refs == 0 && v->maps == 0;
+    gone = --v->refs == 0 && v->maps == 0 && !v->exported;
     pthread_mutex_unlock(&g_vmm_lock);
     if (gone)
         vmm_free(v);
@@ -275,7 +291,7 @@ FC_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
         for (size_t i = 0; i < g_nmaps; i++) {
             struct vmm_map m = g_maps[i];
             if (m.start < e && s < m.end) {
-                if (--m.v->maps == 0 && m.v->refs == 0)
+                if (--m.v->maps == 0 && m.v->refs == 0 && !m.v->exported)
                     gone[ngone++] = m.v;
             } else {
                 g_maps[j++] = m;
@@ -297,161 +313,65 @@ FC_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     return ptr && size && desc && count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-/* No shareable handles exist in the fake. */
-FC_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, int type)
+FC_API CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                             int handleType, unsigned long long flags)
 {
-    (void)osHandle;
-    (void)type;
-    FC_COUNT(cuMemImportFromShareableHandle);
+    CUresult rc = CUDA_SUCCESS;
+    struct vmm *v;
+    int fd = -1;
+
+    FC_COUNT(cuMemExportToShareableHandle);
     if (!fc_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    return handle ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
-}
-
-/* -------------------------------------------------------------- arrays */
-
-#define ARRAY_MAGIC 0x41525259U
-struct fc_array {
-    unsigned int magic;
-    int dev;
-    size_t bytes;
-    struct fc_ctx *ctx;         /* destroyed with this context */
-    struct fc_array *prev, *next;
-};
-static struct fc_array g_arrays = { .prev = &g_arrays, .next = &g_arrays };
-static pthread_mutex_t g_array_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static size_t format_bytes(int f)
-{
-    switch (f) {
-    case 0x01: case 0x08: return 1;
-    case 0x02: case 0x09: case 0x10: return 2;
-    case 0x03: case 0x0a: case 0x20: return 4;
-    default: return 0;
-    }
-}
-
-static size_t dim(size_t v)
-{
-    return v ? v : 1;
-}
-
-static CUresult array_new(struct fc_array **out, size_t bytes)
-{
-    struct fc_ctx *c;
-    struct fc_array *a;
-    CUresult rc;
-
-    if (!fc_initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!(c = fc_current_ctx()))
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (bytes == 0)
+    if (!shareableHandle || flags)
         return CUDA_ERROR_INVALID_VALUE;
-    if ((rc = fc_mem_inject()) != 0)
-        return rc;
-    if (!(a = calloc(1, sizeof *a)))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    if (fc_mem_charge(c->dev, (long long)bytes) != 0) {
-        free(a);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&g_vmm_lock);
+    v = vmm_live(handle);
+    if (!v || !(v->type_mask & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        rc = CUDA_ERROR_INVALID_VALUE;      /* not created with this handle type */
+    else if ((fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0)) < 0)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (rc == CUDA_SUCCESS) {
+        if (!v->exported) {
+            v->exported = 1;
+            v->next_exported = g_exported;
+            g_exported = v;
+        }
+        *(int *)shareableHandle = fd;
     }
-    a->magic = ARRAY_MAGIC;
-    a->dev = c->dev;
-    a->bytes = bytes;
-    a->ctx = c;
-    pthread_mutex_lock(&g_array_lock);
-    a->next = g_arrays.next;
-    a->prev = &g_arrays;
-    a->next->prev = a;
-    g_arrays.next = a;
-    pthread_mutex_unlock(&g_array_lock);
-    *out = a;
-    return CUDA_SUCCESS;
-}
-
-/* Unlinks and frees; g_array_lock held. */
-static void array_free(struct fc_array *a)
-{
-    a->magic = 0;
-    a->prev->next = a->next;
-    a->next->prev = a->prev;
-    fc_mem_charge(a->dev, -(long long)a->bytes);
-    free(a);
-}
-
-static CUresult array_destroy(struct fc_array *a)
-{
-    CUresult rc = CUDA_ERROR_INVALID_HANDLE;
-
-    if (!fc_initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    pthread_mutex_lock(&g_array_lock);
-    if (a && a->magic == ARRAY_MAGIC) {
-        array_free(a);
-        rc = CUDA_SUCCESS;
-    }
-    pthread_mutex_unlock(&g_array_lock);
+    pthread_mutex_unlock(&g_vmm_lock);
     return rc;
 }
 
-/* Arrays are freed with the context they were made in (cuCtxDestroy's documentation). */
-void fc_arrays_ctx_gone(struct fc_ctx *c)
+/* Only fds exported by this process are known; another process's memory is not modelled. */
+FC_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, int type)
 {
-    struct fc_array *a, *next;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    struct stat st;
 
-    pthread_mutex_lock(&g_array_lock);
-    for (a = g_arrays.next; a != &g_arrays; a = next) {
-        next = a->next;
-        if (a->ctx == c)
-            array_free(a);
+    FC_COUNT(cuMemImportFromShareableHandle);
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (fstat((int)(intptr_t)osHandle, &st) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_vmm_lock);
+    for (struct vmm *v = g_exported; v; v = v->next_exported) {
+        struct stat mine;
+        if (fstat(v->fd, &mine) == 0 && mine.st_dev == st.st_dev && mine.st_ino == st.st_ino) {
+            v->refs++;
+            *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+            rc = CUDA_SUCCESS;
+            break;
+        }
     }
-    pthread_mutex_unlock(&g_array_lock);
-}
-
-FC_API CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)
-{
-    FC_COUNT(cuArrayCreate_v2);
-    if (!pHandle || !d || !format_bytes(d->Format) || d->Width == 0)
-        return fc_initialized() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
-    return array_new(pHandle, d->Width * dim(d->Height) * format_bytes(d->Format) * d->NumChannels);
-}
-
-FC_API CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
-{
-    FC_COUNT(cuArray3DCreate_v2);
-    if (!pHandle || !d || !format_bytes(d->Format) || d->Width == 0)
-        return fc_initialized() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
-    return array_new(pHandle, d->Width * dim(d->Height) * dim(d->Depth) * format_bytes(d->Format) *
-                                  d->NumChannels);
-}
-
-FC_API CUresult cuArrayDestroy(CUarray hArray)
-{
-    FC_COUNT(cuArrayDestroy);
-    return array_destroy(hArray);
-}
-
-FC_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d,
-                                       unsigned int levels)
-{
-    size_t bytes = 0;
-
-    FC_COUNT(cuMipmappedArrayCreate);
-    if (!pHandle || !d || !format_bytes(d->Format) || d->Width == 0 || levels == 0)
-        return fc_initialized() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
-    for (unsigned int l = 0; l < levels; l++) {
-        size_t w = dim(d->Width >> l), h = d->Height ? dim(d->Height >> l) : 1,
-               z = d->Depth ? dim(d->Depth >> l) : 1;
-        bytes += w * h * z * format_bytes(d->Format) * d->NumChannels;
-    }
-    return array_new(pHandle, bytes);
-}
-
-FC_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
-{
-    FC_COUNT(cuMipmappedArrayDestroy);
-    return array_destroy(h);
+    pthread_mutex_unlock(&g_vmm_lock);
+    return rc;
 }
 
 /* ------------------------------------------------------- host memory, IPC */

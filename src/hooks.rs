@@ -182,6 +182,10 @@ hook_table! {
     Cuda "cuMemImportFromShareableHandle" 10020 false
         fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os: *mut c_void, kind: c_int)
             -> CUresult => vmm::import_shareable;
+    /// An exported allocation can live on in whoever imports it: its charge is kept for good.
+    Cuda "cuMemExportToShareableHandle" 10020 false
+        fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int,
+            flags: u64) -> CUresult => vmm::export_shareable;
 
     // Stream-ordered allocation: pools are charged what they really reserve.
     Cuda "cuDeviceGetDefaultMemPool" 11020 false
@@ -440,7 +444,7 @@ mod tests {
         }
         assert!(accounts(b"cuMemAlloc") && !accounts(b"cuMemGetInfo") && !accounts(b"cuMemAllo"));
         // Names that allocate or end memory fail closed without being listed anywhere.
-        for b in ["cuMemRetainAllocationHandle", "cuGraphLaunch", "cuGraphInstantiate", "cuMemFreeAsync", "cuCtxDestroy"] {
+        for b in ["cuMemRetainAllocationHandle", "cuMemExportToShareableHandle", "cuGraphLaunch", "cuGraphInstantiate", "cuMemFreeAsync", "cuCtxDestroy"] {
             assert!(accounts(b.as_bytes()), "{b}");
         }
     }

@@ -85,6 +85,35 @@ fn a_primary_reset_keeps_vmm_memory() {
 }
 
 #[test]
+fn the_end_of_a_context_keeps_stream_ordered_memory() {
+    // cuMemAllocAsync / cuMemAllocFromPoolAsync memory belongs to its pool (the device's), not to
+    // the context that asked for it: a destroyed context leaves it allocated until it is freed.
+    // slot 0: the default pool's 200 MiB; pool 0 is created in the doomed context. Freed memory
+    // goes back at a synchronize (release threshold 0) before the last request, so that request
+    // needs no trim (vramcap trims before it denies, the bare driver need not).
+    for destroy in ["destroy1", "destroy2"] {
+        agree(&format!("init mkctx 2 0 poolcreate 0 async 200m {destroy} 0 ctx 0 async 100m palloc 0 100m freeasync 0 sync async 100m"), &[
+            ("async", &[0, 2, 0]),
+            ("palloc", &[2]),
+            ("destroy", &[0]),
+            ("freeasync", &[0]),
+        ]);
+        agree(&format!("init mkctx 2 0 poolcreate 0 palloc 0 200m {destroy} 0 ctx 0 async 100m freeasync 0 sync palloc 0 100m"), &[
+            ("palloc", &[0, 0]),
+            ("async", &[2]),
+        ]);
+    }
+    // A primary context reset frees what the context allocated, not what its pools hold.
+    for reset in ["reset", "reset1"] {
+        agree(&format!("init ctx 0 poolcreate 0 async 150m palloc 0 50m {reset} 0 async 100m palloc 0 100m freeasync 0 sync async 100m"), &[
+            ("async", &[0, 2, 0]),
+            ("palloc", &[0, 2]),
+            ("reset", &[0]),
+        ]);
+    }
+}
+
+#[test]
 fn a_detach_to_zero_destroys_the_context() {
     // PyCUDA: push, detach (which pops); the next context starts from zero.
     for v in 1..=4 {
@@ -136,6 +165,27 @@ fn a_retained_handle_is_one_more_reference() {
 }
 
 #[test]
+fn an_exported_allocation_keeps_its_memory_after_release_and_unmap() {
+    // Exported as a POSIX fd, then released and unmapped: the shareable handle is a reference the
+    // process cannot see released (an importer anywhere may still hold the memory).
+    agree("init ctx 0 vmmfd 200m 0 vamap 0 200m export 0 release 0 vaunmap 0 vmm 200m 0", &[
+        ("export", &[0]),
+        ("release", &[0]),
+        ("vaunmap", &[0]),
+        ("vmm", &[0, 2]),
+    ]);
+    // Imported again in this process: the same handle, one more reference; both released, the
+    // memory still lives.
+    agree("init ctx 0 vmmfd 200m 0 export 0 import 0 release 0 release 1 vmm 200m 0", &[
+        ("import", &[0]),
+        ("release", &[0, 0]),
+        ("vmm", &[0, 2]),
+    ]);
+    // A refused export (the handle was not created shareable) keeps nothing alive.
+    agree("init ctx 0 vmm 200m 0 export 0 release 0 vmm 200m 0", &[("export", &[1]), ("vmm", &[0, 0])]);
+}
+
+#[test]
 fn racing_threads_never_pass_the_cap_and_leave_nothing_charged() {
     for c in CLIENTS {
         // 16 threads × 300 rounds of create, map, release-after-map (or NCCL's retain/release),
@@ -171,6 +221,7 @@ fn every_abi_of_the_context_and_vmm_lifetime_entry_points_is_wrapped() {
         "cuCtxCreate", "cuCtxDestroy", "cuCtxAttach", "cuCtxDetach", "cuDevicePrimaryCtxRetain",
         "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset", "cuMemCreate", "cuMemRelease", "cuMemMap",
         "cuMemUnmap", "cuMemRetainAllocationHandle", "cuMemImportFromShareableHandle",
+        "cuMemExportToShareableHandle",
     ];
     let versions = [2000, 3020, 4000, 7000, 10020, 11000, 11040, 12000, 12050, 13000, 13050];
     let dir = private_group_dir();

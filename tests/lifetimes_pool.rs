@@ -42,25 +42,59 @@ fn a_destroyed_pool_keeps_its_memory_until_its_allocations_are_freed() {
     }
 }
 
+/// The fake as drivers with fewer ways to learn a stream's device, each with the entry point only
+/// its way calls: the full driver (`cuStreamGetDevice`, CUDA 12.8), one without it
+/// (`cuStreamGetCtx`, then `cuCtxGetDevice_v2` of that context), and a driver before 12.8, which
+/// has neither (`cuStreamGetCtx`, then push, `cuCtxGetDevice`, pop). cuda-shim/*.map say what each
+/// lacks.
+const STREAM_DRIVERS: [(&str, &str); 3] = [
+    ("cuda-shim", "cuStreamGetDevice"),
+    ("cuda-shim-nostreamdev", "cuCtxGetDevice_v2"),
+    ("cuda-shim-12.0", "cuCtxPushCurrent_v2"),
+];
+
+/// `run` on one of [`STREAM_DRIVERS`], checking from the fake's call counters that vramcap found
+/// the stream's device that driver's way.
+fn run_on(driver: (&str, &str), client: &str, limit: &str, ops: &str) -> Output {
+    let (dir, way) = driver;
+    let ops = format!("{ops} calls cuStreamGetCtx calls {way}");
+    let out = Run::client(client)
+        .env("LD_LIBRARY_PATH", shim_dir().with_file_name(dir))
+        .env("VRAMCAP_LIMIT", limit)
+        .args([ops.as_str()])
+        .run();
+    out.ok();
+    let n = |i| out.nth("calls", i).num("n");
+    assert!(n(1) > 0, "{client} on {dir}: {way} never called\n{}", out.stdout);
+    assert_eq!(n(0) > 0, dir != "cuda-shim", "{client} on {dir}: cuStreamGetCtx only where the driver lacks cuStreamGetDevice");
+    out
+}
+
 #[test]
 fn stream_ordered_memory_is_charged_even_from_a_thread_without_a_context() {
-    for c in CLIENTS {
-        // The stream belongs to device 0's context; the allocating thread has none current.
-        let out = run(c, "256m", "init ctx 0 stream noctx 0 20 100m info stats 0");
-        let n = out.nth("noctx", 0);
-        assert_eq!((n.num("ok"), n.num("oom"), n.num("other")), (2, 18, 0), "{c}: {}", out.stdout);
-        assert_eq!(out.nth("info", 0).num("free"), 56 * MIB, "{c}");
-        assert!(peak(&out, 0) <= 256 * MIB, "{c}");
+    for driver in STREAM_DRIVERS {
+        for c in CLIENTS {
+            // The stream belongs to device 0's context; the allocating thread has none current.
+            let out = run_on(driver, c, "256m", "init ctx 0 stream noctx 0 20 100m info stats 0");
+            let n = out.nth("noctx", 0);
+            assert_eq!((n.num("ok"), n.num("oom"), n.num("other")), (2, 18, 0), "{c} on {}: {}", driver.0, out.stdout);
+            assert_eq!(out.nth("info", 0).num("free"), 56 * MIB, "{c} on {}", driver.0);
+            assert!(peak(&out, 0) <= 256 * MIB, "{c} on {}", driver.0);
+        }
     }
 }
 
 #[test]
 fn stream_ordered_memory_belongs_to_the_streams_and_the_pools_device() {
+    for driver in STREAM_DRIVERS {
+        for c in CLIENTS {
+            // Device 1 is capped at 256 MiB, device 0 at 1 GiB; device 0's context is current.
+            let out = run_on(driver, c, "0=1g,1=256m", "init ctx 1 stream ctx 0 asyncs 0 200m asyncs 0 100m info");
+            assert_eq!(rcs(&out, "async"), vec![0, 2], "{c} on {}: charged to the stream's device 1", driver.0);
+            assert_eq!(out.nth("info", 0).num("free"), GIB, "{c} on {}: nothing charged to the current device 0", driver.0);
+        }
+    }
     for c in CLIENTS {
-        // Device 1 is capped at 256 MiB, device 0 at 1 GiB; device 0's context is current.
-        let out = run(c, "0=1g,1=256m", "init ctx 1 stream ctx 0 asyncs 0 200m asyncs 0 100m info");
-        assert_eq!(rcs(&out, "async"), vec![0, 2], "{c}: charged to the stream's device 1");
-        assert_eq!(out.nth("info", 0).num("free"), GIB, "{c}: nothing charged to the current device 0");
         // A device's current pool, learned through cuDeviceGetMemPool while device 0 is current.
         let out = run(c, "0=1g,1=256m", "init ctx 0 curpool 1 palloc 0 200m palloc 0 100m info");
         assert_eq!(rcs(&out, "palloc"), vec![0, 2], "{c}: the pool is device 1's");

@@ -550,10 +550,25 @@ unsafe extern "C" {
 /// returned), so ordering by `t_ns` never shows an address allocated twice or freed while free.
 #[test]
 fn a_free_is_stamped_before_the_reallocation_of_its_address() {
-    let dir = tmpdir("causal");
+    frees_come_before_reallocations("causal", "threads 4 3000 4096", &["cuMemAlloc_v2", "cuMemFree_v2"]);
+}
+
+/// The same for stream-ordered frees: the block goes back to the pool at `cuMemFreeAsync`, and the
+/// next `cuMemAllocAsync` of any thread gets the same address (the fake's free returns late, as
+/// above).
+#[test]
+fn a_stream_ordered_free_is_stamped_before_the_reallocation_of_its_address() {
+    frees_come_before_reallocations("causal-async", "asyncstorm 4 3000 4096", &["cuMemAllocAsync", "cuMemFreeAsync"]);
+}
+
+/// Runs `ops` (threads that free and reallocate) twice and checks that, in trace order, no address
+/// is allocated while live or freed while not.
+fn frees_come_before_reallocations(name: &str, ops: &str, apis: &[&str]) {
+    let dir = tmpdir(name);
     let path = dir.join("t.jsonl");
     let (mut impossible, mut checked) = (0, 0);
     for seed in 1..=2 {
+        let ops = if ops.starts_with("threads") { format!("init ctx 0 {ops} {seed}") } else { format!("init ctx 0 {ops}") };
         let out = Run::client("client_procaddr")
             .env("VRAMCAP_LIMIT", "15g")
             .env("VRAMCAP_TRACE", &path)
@@ -562,14 +577,14 @@ fn a_free_is_stamped_before_the_reallocation_of_its_address() {
             // The driver's free returns 200 us after the address is reusable, as a free that
             // synchronizes does: the window in which the old stamping went wrong.
             .env("FAKECUDA_FREE_DELAY_US", "200")
-            .args([format!("init ctx 0 threads 4 3000 4096 {seed}")])
+            .args([ops])
             .run();
         out.ok();
         let t = read_trace(&path);
         assert_eq!(t.last().unwrap()["dropped"], 0, "this check needs every event");
         let mut ev: Vec<(u64, u64, bool, u64)> = events(&t)
             .iter()
-            .filter(|e| e["op"] == "alloc" || e["op"] == "free")
+            .filter(|e| (e["op"] == "alloc" || e["op"] == "free") && apis.iter().any(|a| e["api"] == *a))
             .map(|e| {
                 let ptr = u64::from_str_radix(e["ptr"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
                 (e["t_ns"].as_u64().unwrap(), e["seq"].as_u64().unwrap(), e["op"] == "alloc", ptr)

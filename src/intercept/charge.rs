@@ -165,8 +165,7 @@ pub fn free(api: Hook, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) ->
     // Stamped when the call began (an allocation is stamped when its call returned): once the
     // driver has the free, another thread can be handed the same address, and that allocation's
     // event must not come out earlier than this free.
-    let t = timed(call);
-    let t = Timed { at: t.at.saturating_sub(t.dur), ..t };
+    let t = begun(timed(call));
     guarded((), || match taken {
         Some(c) if t.rc == CUDA_SUCCESS => {
             if kind.charged() {
@@ -184,6 +183,14 @@ pub fn free(api: Hook, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) ->
         None => {}
     });
     t.rc
+}
+
+/// A call's timing stamped when it began (`timed` stamps when it returned). Every call that can
+/// end memory is stamped so: the moment the driver has it, another thread can be given the same
+/// address or handle value, and that allocation's event must not sort before this end.
+#[inline]
+pub fn begun(t: Timed) -> Timed {
+    Timed { at: t.at.saturating_sub(t.dur), ..t }
 }
 
 /// Records one event (a no-op unless a trace or sidecar consumes events). The check is inlined

@@ -8,6 +8,10 @@
 //! hand the same handle value to a new allocation, so the entry moves to a private key
 //! (`ORPHAN | id`) until the last mapping goes.
 //!
+//! A shareable handle (`cuMemExportToShareableHandle`) is a reference too, released wherever it
+//! was imported, which this process cannot see: an exported allocation is never ended here, and
+//! its charge stays for the life of the process.
+//!
 //! Mapped ranges are kept as pieces; an unmap subtracts its range from whatever it overlaps
 //! (a driver that refuses sub-range unmaps leaves nothing to subtract; one that allows them leaves
 //! the rest mapped), so an allocation mapped at several addresses stays charged until the last.
@@ -39,13 +43,15 @@ struct Alloc {
     refs: u32,
     /// Mapped pieces.
     pieces: u32,
-    /// `cuMemMap` calls in flight.
+    /// `cuMemMap` and `cuMemExportToShareableHandle` calls in flight.
     pending: u32,
+    /// Exported as a shareable handle: alive for the life of the process.
+    exported: bool,
 }
 
 impl Alloc {
     fn alive(&self) -> bool {
-        self.refs > 0 || self.pieces > 0 || self.pending > 0
+        self.refs > 0 || self.pieces > 0 || self.pending > 0 || self.exported
     }
 }
 
@@ -180,7 +186,7 @@ pub fn created(handle: u64) -> u64 {
     with(|t| {
         t.next += 1;
         let id = t.next;
-        t.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0 });
+        t.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false });
         t.bind(handle, id, &mut gone);
     });
     charge_off(Hook::cuMemCreate, Timed::instant(CUDA_SUCCESS), gone);
@@ -258,6 +264,27 @@ pub fn map_end(id: Option<u64>, ptr: u64, size: u64, t: Timed) {
         tb.end_if_dead(id, &mut gone);
     });
     charge_off(Hook::cuMemMap, t, gone);
+}
+
+/// Before `cuMemExportToShareableHandle(.., handle, ..)`: the allocation being exported, kept alive
+/// during the call (`None`: not a handle we charged).
+pub fn export_begin(handle: u64) -> Option<u64> {
+    map_begin(handle)
+}
+
+/// After the export: a shared allocation is never ended (its charge stays); a refused export
+/// changes nothing.
+pub fn export_end(id: Option<u64>, t: Timed) {
+    let Some(id) = id else { return };
+    let mut gone = Vec::new();
+    with(|tb| {
+        if let Some(a) = tb.allocs.get_mut(&id) {
+            a.pending -= 1;
+            a.exported |= t.rc == CUDA_SUCCESS;
+        }
+        tb.end_if_dead(id, &mut gone);
+    });
+    charge_off(Hook::cuMemExportToShareableHandle, t, gone);
 }
 
 /// What `unmap_begin` changed, undone by a failed call.
@@ -377,9 +404,13 @@ mod tests {
     const FAIL: Timed = Timed { rc: CUDA_ERROR_INVALID_VALUE, dur: 0, at: 0 };
 
     fn create(handle: u64, size: u64) {
-        ledger::charge(DEV, size);
+        create_on(DEV, handle, size);
+    }
+
+    fn create_on(dev: usize, handle: u64, size: u64) {
+        ledger::charge(dev, size);
         let key = created(handle);
-        assert!(ledger::insert(Kind::VmmHandle, key, Charge { dev: DEV as u16, size, ctx: 0 }).is_none());
+        assert!(ledger::insert(Kind::VmmHandle, key, Charge { dev: dev as u16, size, ctx: 0 }).is_none());
     }
 
     fn held(key: u64) -> bool {
@@ -450,6 +481,35 @@ mod tests {
         assert!(held(h), "still referenced");
         release(h, OK);
         assert!(!held(h));
+    }
+
+    #[test]
+    fn an_exported_allocation_stays_charged_after_release_and_unmap() {
+        // Device 51: this charge stays for the life of the test process, and device 50's budget
+        // is also read exactly by `mem::tests`.
+        const KEPT: usize = 51;
+        let (h, a, g) = (0x5000_0000, 0x7400_0000_0000, 0x5100_0000);
+        create_on(KEPT, h, 100);
+        map(h, a, 10);
+        let id = export_begin(h);
+        assert!(id.is_some());
+        export_end(id, OK);
+        release(h, OK);
+        unmap(a, 10, OK);
+        let id = id.unwrap();
+        assert!(with(|t| t.allocs.contains_key(&id)) && held(ORPHAN | id), "the importer may still use it");
+        create_on(KEPT, h, 7); // the driver may hand the value out again: the new allocation is its own
+        assert!(held(ORPHAN | id) && held(h));
+        release(h, OK);
+        assert!(!held(h) && held(ORPHAN | id));
+        assert_eq!(ledger::used(KEPT), 100);
+        // A refused export pins nothing.
+        create_on(KEPT, g, 5);
+        let id = export_begin(g);
+        export_end(id, FAIL);
+        release(g, OK);
+        assert!(!held(g) && with(|t| !t.allocs.contains_key(&id.unwrap())));
+        assert_eq!(ledger::used(KEPT), 100);
     }
 
     #[test]

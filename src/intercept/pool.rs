@@ -18,7 +18,7 @@
 //!
 //! [`pool_table`]: super::pool_table
 
-use super::charge::{Timed, emit, timed};
+use super::charge::{Timed, begun, emit, timed};
 use super::init::ensure_limits;
 use super::pool_table::{self as table, Pool};
 use super::{MISSING_REAL, Mode, guarded, mode};
@@ -239,7 +239,9 @@ fn free(api: Hook, ptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresul
         return call();
     }
     let taken = guarded(None, || ledger::take(Kind::AsyncPtr, ptr));
-    let t = timed(call);
+    // Stamped when the call began, as `charge::free` does: once the driver has the free, another
+    // thread can be handed the same address, and its allocation must not come out earlier.
+    let t = begun(timed(call));
     guarded((), || match taken {
         Some(c) if t.rc == CUDA_SUCCESS => {
             if let Some(p) = table::by_tag(c.ctx)

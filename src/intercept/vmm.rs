@@ -4,7 +4,7 @@
 //! as the driver keeps the memory: until every handle reference is released and every mapping is
 //! unmapped ([`super::handles`]).
 
-use super::charge::{self, Target, Timed, emit, timed};
+use super::charge::{self, Target, Timed, begun, emit, timed};
 use super::handles;
 use super::{MISSING_REAL, Mode, guarded, mode};
 use crate::events::Op;
@@ -36,7 +36,8 @@ pub unsafe fn release(handle: CUmemGenericAllocationHandle) -> CUresult {
         return unsafe { f(handle) };
     }
     let r = guarded(None, || handles::release_begin(handle));
-    let t = timed(|| unsafe { f(handle) });
+    // Stamped when the call began (`charge::begun`): the handle value may be handed out again.
+    let t = begun(timed(|| unsafe { f(handle) }));
     guarded((), || handles::release_end(r, t));
     if t.rc != CUDA_SUCCESS {
         emit(Op::Fail, Hook::cuMemRelease, -1, handle, 0, t, 0);
@@ -105,10 +106,32 @@ pub unsafe fn unmap(ptr: CUdeviceptr, size: usize) -> CUresult {
         return unsafe { f(ptr, size) };
     }
     let u = guarded(None, || Some(handles::unmap_begin(ptr, size as u64)));
-    let t = timed(|| unsafe { f(ptr, size) });
+    // Stamped when the call began (`charge::begun`): the last unmap frees the memory, and its
+    // handle value may be handed out again at once.
+    let t = begun(timed(|| unsafe { f(ptr, size) }));
     note(Op::Unmap, Hook::cuMemUnmap, || ptr, size as u64, t);
     if let Some(u) = u {
         guarded((), || handles::unmap_end(u, t));
+    }
+    t.rc
+}
+
+/// `cuMemExportToShareableHandle`: the shareable handle (an fd, a fabric handle, …) is one more
+/// reference to the memory, and it may be imported in any process, where vramcap cannot see it
+/// released. The allocation is pinned before the driver is asked (a release racing the export must
+/// not end the charge of memory that is about to be shared) and stays charged for the life of the
+/// process if the export succeeds: keeping a charge can only deny, dropping it could hand out
+/// memory that still exists.
+pub unsafe fn export_shareable(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) -> CUresult {
+    let Some(f) = real::cuMemExportToShareableHandle() else { return MISSING_REAL };
+    if mode() != Mode::Enforce {
+        return unsafe { f(shareable, handle, kind, flags) };
+    }
+    let id = guarded(None, || handles::export_begin(handle));
+    let t = timed(|| unsafe { f(shareable, handle, kind, flags) });
+    guarded((), || handles::export_end(id, t));
+    if t.rc != CUDA_SUCCESS {
+        emit(Op::Fail, Hook::cuMemExportToShareableHandle, -1, handle, 0, t, 0);
     }
     t.rc
 }

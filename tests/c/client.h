@@ -75,7 +75,9 @@
     X(cuCtxDetach, "cuCtxDetach", 2000, 0) \
     X(cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, 0) \
     X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, 0) \
-    X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, 0)
+    X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, 0) \
+    X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, 0) \
+    X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020, 0)
 /* Pool lifetimes, stream devices, graphs and graph memory (ops_pool.c). */
 #define CLIENT_POOL(X) \
     X(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, 0) \

@@ -17,6 +17,10 @@
  *   vafree V             -> vafree rc=N                (cuMemAddressFree)
  *   retainh V OFF        -> retainh rc=N slot=K same=1 (cuMemRetainAllocationHandle(va+OFF):
  *                                                       handle in a new slot; same: the mapped one)
+ *   vmmfd SIZE DEV       -> vmm rc=N slot=K            (cuMemCreate SIZE on DEV, shareable as a POSIX fd)
+ *   export K             -> export rc=N id=F           (cuMemExportToShareableHandle(slot K), POSIX fd)
+ *   import F             -> import rc=N slot=K same=1  (cuMemImportFromShareableHandle(fd F): handle in a
+ *                                                       new slot; same: the exported handle's value)
  *   vmmstorm T N SIZE    -> vmmstorm ok=A oom=O other=E (T threads × N rounds of cuMemCreate SIZE,
  *                                                       map, release right after mapping, unmap; every
  *                                                       other round NCCL's way: retain from the
@@ -51,6 +55,12 @@ static struct {
     CUmemGenericAllocationHandle h;
 } g_va[64];
 static int g_nva;
+
+static struct {
+    int fd;
+    CUmemGenericAllocationHandle h;
+} g_fd[64];
+static int g_nfd;
 
 #define OUT client_printf
 
@@ -359,6 +369,42 @@ int client_ctx_op(const struct cu_api *A, const char *op, int argc, char **argv,
         rc = A->cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)(g_va[k].va + off));
         OUT("retainh rc=%d slot=%llu same=%d", rc, new_slot(rc ? 0 : h), rc == CUDA_SUCCESS && h == g_va[k].h);
         return 2;
+    }
+    if (!strcmp(op, "vmmfd")) {
+        CUmemAllocationProp prop;
+        CUmemGenericAllocationHandle h = 0;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = (int)client_parse_long(ARG(1));
+        rc = A->cuMemCreate(&h, (size_t)client_parse_size(ARG(0)), &prop, 0);
+        OUT("vmm rc=%d slot=%llu", rc, new_slot(rc ? 0 : h));
+        return 2;
+    }
+    if (!strcmp(op, "export")) {
+        CUmemGenericAllocationHandle h = slot(ARG(0));
+        int fd = -1;
+        rc = A->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        if (rc == CUDA_SUCCESS && g_nfd < 64) {
+            g_fd[g_nfd].fd = fd;
+            g_fd[g_nfd].h = h;
+            g_nfd++;
+        }
+        OUT("export rc=%d id=%d", rc, rc == CUDA_SUCCESS ? g_nfd - 1 : -1);
+        return 1;
+    }
+    if (!strcmp(op, "import")) {
+        long k = client_parse_long(ARG(0));
+        CUmemGenericAllocationHandle h = 0;
+        if (k < 0 || k >= g_nfd) {
+            fprintf(stderr, "client: no exported fd %s\n", ARG(0) ? ARG(0) : "(missing)");
+            exit(2);
+        }
+        rc = A->cuMemImportFromShareableHandle(&h, (void *)(intptr_t)g_fd[k].fd,
+                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        OUT("import rc=%d slot=%llu same=%d", rc, new_slot(rc ? 0 : h), rc == CUDA_SUCCESS && h == g_fd[k].h);
+        return 1;
     }
     if (!strcmp(op, "vmmstorm") || !strcmp(op, "ctxstorm")) {
         long t = client_parse_long(ARG(0));

@@ -12,6 +12,8 @@
  *                             START + i*STEP then free it: each request fits no free block)
  *   asyncrace T SIZE WARM  -> asyncrace ok=A oom=O other=E  (alloc+free WARM on the default pool, then
  *                             T threads alloc SIZE from it at once)
+ *   asyncstorm T N SIZE    -> asyncstorm ok=A oom=O other=E  (T threads x N rounds of cuMemAllocAsync
+ *                             SIZE, cuMemFreeAsync, on the default pool of the current context)
  *   manypools N SIZE       -> manypools ok=A oom=O other=E created=C
  *                             (N pools, then SIZE from each, the newest first)
  *   ctxsync2               -> sync rc=N                (cuCtxSynchronize_v2(NULL))
@@ -129,6 +131,7 @@ static void *noctx_thread(void *arg)
 struct race {
     CUcontext ctx;
     size_t size;
+    unsigned long long rounds;  /* asyncstorm */
     pthread_barrier_t go;
     pthread_mutex_t lock;
     struct tally t;
@@ -146,6 +149,25 @@ static void *race_thread(void *arg)
     pthread_mutex_lock(&r->lock);
     count(&r->t, rc);
     pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+/* asyncstorm: each thread allocates and frees in stream order, round after round; the default
+ * pool hands the freed block to whichever thread asks next. */
+static void *storm_thread(void *arg)
+{
+    struct race *r = arg;
+    CUresult rc = A->cuCtxSetCurrent(r->ctx);
+
+    for (unsigned long long i = 0; rc == CUDA_SUCCESS && i < r->rounds; i++) {
+        CUdeviceptr p = 0;
+        CUresult a = A->cuMemAllocAsync(&p, r->size, NULL);
+        if (a == CUDA_SUCCESS && A->cuMemFreeAsync(p, NULL) != CUDA_SUCCESS)
+            a = CUDA_ERROR_UNKNOWN;
+        pthread_mutex_lock(&r->lock);
+        count(&r->t, a);
+        pthread_mutex_unlock(&r->lock);
+    }
     return NULL;
 }
 
@@ -267,6 +289,24 @@ int client_pool_op(const struct cu_api *api, const char *op, int argc, char **ar
         for (unsigned long long i = 0; i < threads; i++)
             pthread_join(th[i], NULL);
         OUT("asyncrace ok=%llu oom=%llu other=%llu", r.t.ok, r.t.oom, r.t.other);
+        return 3;
+    }
+    if (!strcmp(op, "asyncstorm")) {
+        unsigned long long threads = n(ARG(0));
+        struct race r;
+        pthread_t th[64];
+        if (threads > 64)
+            threads = 64;
+        memset(&r, 0, sizeof r);
+        r.rounds = n(ARG(1));
+        r.size = n(ARG(2));
+        A->cuCtxGetCurrent(&r.ctx);
+        pthread_mutex_init(&r.lock, NULL);
+        for (unsigned long long i = 0; i < threads; i++)
+            pthread_create(&th[i], NULL, storm_thread, &r);
+        for (unsigned long long i = 0; i < threads; i++)
+            pthread_join(th[i], NULL);
+        OUT("asyncstorm ok=%llu oom=%llu other=%llu", r.t.ok, r.t.oom, r.t.other);
         return 3;
     }
     if (!strcmp(op, "manypools")) {
