@@ -274,6 +274,56 @@ fn a_slow_metrics_client_never_blocks_other_scrapes() {
     assert!(closed_after < Duration::from_secs(12), "{closed_after:?}");
 }
 
+/// A TCP connection to `to` from the loopback address `src` (127.0.0.0/8: every address is ours).
+fn connect_from(src: [u8; 4], to: &str) -> std::net::TcpStream {
+    use std::os::fd::FromRawFd;
+    let to: std::net::SocketAddrV4 = to.parse().unwrap();
+    let addr = |ip: [u8; 4], port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(ip) },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0);
+        let (a, b) = (addr(src, 0), addr(to.ip().octets(), to.port()));
+        assert_eq!(libc::bind(fd, (&a as *const libc::sockaddr_in).cast(), len), 0, "bind {src:?}");
+        assert_eq!(libc::connect(fd, (&b as *const libc::sockaddr_in).cast(), len), 0, "connect {to}");
+        std::net::TcpStream::from_raw_fd(fd)
+    }
+}
+
+/// One address holding many trickling requests gets its share of `/metrics` (8 at once), never
+/// everyone's: a scraper from another address is still answered.
+#[test]
+fn one_address_cannot_take_every_metrics_slot() {
+    let dir = tmpdir("perpeer");
+    let sc = Sidecar::start(&dir.join("s.sock"), &[]);
+    assert!(sc.metrics.starts_with("127.0.0.1:"), "{}", sc.metrics);
+    // 70 requests begun from 127.0.0.1 and never finished: more than the 64 served at once.
+    let hogs: Vec<std::net::TcpStream> = (0..70)
+        .map(|_| {
+            let mut s = connect_from([127, 0, 0, 1], &sc.metrics);
+            s.write_all(b"G").unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let scrape = |src: [u8; 4]| {
+        let mut s = connect_from(src, &sc.metrics);
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        answer.lines().next().unwrap_or("").to_string()
+    };
+    assert_eq!(scrape([127, 0, 0, 2]), "HTTP/1.1 200 OK", "a scraper at another address was locked out");
+    assert!(scrape([127, 0, 0, 1]).starts_with("HTTP/1.1 503"), "the hogging address got more than its share");
+    drop(hogs);
+}
+
 /// The uid used as "another user" (needs no account: root sets it on the child).
 const OTHER_UID: u32 = 54_322;
 const ADMIN_GID: u32 = 54_399;

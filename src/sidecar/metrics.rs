@@ -1,7 +1,8 @@
 //! `/metrics` in the Prometheus text exposition format (version 0.0.4). Each request is served
-//! on a thread of its own (at most `MAX_IN_FLIGHT` at once; more are answered 503 at once) with a
-//! deadline for the whole request, not per read: a scraper that trickles its request or reads
-//! the answer slowly holds one thread for at most `DEADLINE` and never delays anyone else.
+//! on a thread of its own (at most `MAX_IN_FLIGHT` at once, and `MAX_PER_PEER` from one address;
+//! more are answered 503 at once) with a deadline for the whole request, not per read: a scraper
+//! that trickles its request or reads the answer slowly holds one thread for at most `DEADLINE`
+//! and never delays anyone else, and one address holding its share cannot take the others'.
 
 use super::state::{Client, Registry};
 use std::fmt::Write as _;
@@ -15,6 +16,8 @@ use std::time::{Duration, Instant};
 const DEADLINE: Duration = Duration::from_secs(5);
 /// Requests served at once.
 const MAX_IN_FLIGHT: usize = 64;
+/// Requests served at once for one peer address (a real scraper sends one at a time).
+const MAX_PER_PEER: usize = 8;
 /// Longest request head read.
 const MAX_REQUEST: usize = 16 * 1024;
 
@@ -150,7 +153,8 @@ pub fn serve(listener: TcpListener, registry: Arc<Mutex<Registry>>) {
             std::thread::sleep(Duration::from_millis(10));
             continue;
         };
-        if IN_FLIGHT.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT {
+        let peer = stream.peer_addr().map(|a| a.ip()).ok();
+        if IN_FLIGHT.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT || !peer_slot(peer, true) {
             IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
             let _ = stream.set_nonblocking(true);
             let _ = stream.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
@@ -159,12 +163,37 @@ pub fn serve(listener: TcpListener, registry: Arc<Mutex<Registry>>) {
         let r = registry.clone();
         let spawned = std::thread::Builder::new().name("metrics-request".into()).stack_size(256 * 1024).spawn(move || {
             let _ = answer(stream, &r, Instant::now() + DEADLINE);
+            peer_slot(peer, false);
             IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
         });
         if spawned.is_err() {
+            peer_slot(peer, false);
             IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
         }
     }
+}
+
+/// Takes (`take`) or gives back one of the peer address's `MAX_PER_PEER` slots; false when it has
+/// none left. The global slot was taken before a peer slot and given back after it, so an
+/// address's count never outlives the global one. Only addresses with requests in flight are kept.
+fn peer_slot(peer: Option<std::net::IpAddr>, take: bool) -> bool {
+    static PEERS: Mutex<Option<std::collections::HashMap<std::net::IpAddr, usize>>> = Mutex::new(None);
+    let Some(ip) = peer else { return true };
+    let mut g = PEERS.lock().unwrap_or_else(|e| e.into_inner());
+    let m = g.get_or_insert_with(Default::default);
+    let n = m.entry(ip).or_insert(0);
+    if take {
+        if *n >= MAX_PER_PEER {
+            return false;
+        }
+        *n += 1;
+    } else {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            m.remove(&ip);
+        }
+    }
+    true
 }
 
 /// The time left before `deadline`, as a socket timeout; an error once it has passed.
