@@ -93,6 +93,8 @@ extern struct fc_devstats fc_stats[FC_MAX_DEVICES];
 void fc_mem_config_fail(long long nth, int code); /* from FAKECUDA_FAIL_ALLOC */
 CUresult fc_mem_inject(void);                      /* the armed failure, or 0 */
 int fc_mem_charge(int dev, long long delta);      /* 0 ok, -1 does not fit */
+/* FAKECUDA_SHARED_DEVICE: one allocation's or free's bytes on the counters shared by processes. */
+void fc_shared_device_account(int devno, long long delta);
 CUresult fc_mem_alloc_cur(CUdeviceptr *dptr, size_t size); /* cuMemAlloc_v2 semantics */
 /* A context was destroyed (or a primary context reset / released for the last time): free what
  * the documentation says goes with it (cuMemAlloc*, pitched, managed memory, arrays), not VMM
