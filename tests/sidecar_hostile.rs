@@ -387,3 +387,28 @@ fn a_query_shows_only_the_askers_processes_and_no_secrets() {
     assert!(told_line.ends_with(&["--api-key=***".into(), "--token".into(), "***".into(), "--epochs=3".into()]), "{told_line:?}");
     drop((quiet, told, other));
 }
+
+/// deploy.md's recipe: the socket is 0660, so a pod's job reaches the sidecar through the socket's
+/// group (`runAsGroup` of the sidecar, `supplementalGroups` of the pods) and a process of another
+/// uid outside that group cannot connect at all; its job runs on, capped, without the sidecar.
+#[test]
+fn the_socket_admits_its_group_and_no_one_else() {
+    if !is_root() {
+        eprintln!("SKIPPED the_socket_admits_its_group_and_no_one_else: needs root to run other uids (CI runs it as root)");
+        return;
+    }
+    let dir = tmpdir("sockgroup");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sc = Sidecar::start(&dir.join("s.sock"), &[]);
+    let ops = "init ctx 0 alloc 4m sleep 60000";
+    // The sidecar runs as root:root here, so the socket's group is 0.
+    let member = Client::spawn_as("client_linked", &sc.socket, &[("VRAMCAP_LIMIT", "1g")], ops, Some((OTHER_UID, 0)));
+    wait_until("the job in the socket's group", Duration::from_secs(20), || value(&sc.samples(), "vramcap_clients", &[]) == Some(1));
+    let mut outsider = Client::spawn_as("client_linked", &sc.socket, &[("VRAMCAP_LIMIT", "1g")], ops, Some((OTHER_UID + 1, OTHER_UID + 1)));
+    wait_until("the outsider's allocation", Duration::from_secs(20), || outsider.lines().iter().any(|l| l.starts_with("alloc rc=0")));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(value(&sc.samples(), "vramcap_clients", &[]), Some(1), "a process outside the socket's group connected");
+    assert!(outsider.child.try_wait().unwrap().is_none(), "the outsider's job must run on without the sidecar");
+    drop(member);
+}
