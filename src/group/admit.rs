@@ -135,7 +135,10 @@ impl Shared {
         let own = take_own(d, &s.unmet[e], size);
         let need = size - own;
         let mut stolen: Vec<(usize, u64)> = Vec::new();
-        let held_after = match add_bounded(&d.held, need, budget) {
+        // All of it from the member's own reserve: already in `held`, kept for it whatever the
+        // others hold, and no write to the group's contended word.
+        let fits = if need == 0 { Ok(d.held.load(Acquire)) } else { add_bounded(&d.held, need, budget) };
+        let held_after = match fits {
             Ok(h) => h,
             Err(held) => {
                 let policy = self.policy();

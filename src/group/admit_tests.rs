@@ -194,3 +194,24 @@ fn racing_members_never_pass_the_budget_under_any_policy() {
         assert_eq!(dev(s).held.load(Relaxed), 0, "{policy:?}");
     }
 }
+
+#[test]
+fn what_a_members_own_reserve_covers_is_granted_even_when_the_headroom_is_in_use() {
+    let s = fresh(Policy::Shared, 100);
+    dev(s).headroom.store(21, Relaxed);
+    let a = member(s, 95, 0);
+    s.claim_reserve(a, 0, 30).unwrap();
+    // A late starter holds the headroom and fills the group to its whole limit.
+    let b = member(s, 96, 0);
+    s.charge(b, 0, 1).unwrap();
+    assert!(s.try_take_headroom(b));
+    s.charge(b, 0, 69).unwrap();
+    assert_eq!(dev(s).held.load(Relaxed), 100);
+    // Above A's budget (limit less headroom), yet its reserve is its own: granted, 30 and no more.
+    s.charge(a, 0, 30).unwrap();
+    assert!(s.charge(a, 0, 1).is_err());
+    assert_eq!((dev(s).held.load(Relaxed), s.used(0)), (100, 100));
+    // Freed, it fills A's reserve again: still kept for A.
+    assert_eq!(s.uncharge(a, 0, 30), 30);
+    assert_eq!((s.slots[a].unmet[0].load(Relaxed), dev(s).held.load(Relaxed)), (30, 100));
+}

@@ -417,6 +417,10 @@ pub(super) fn sub_saturating(a: &AtomicU64, v: u64) -> u64 {
     let mut cur = a.load(Relaxed);
     loop {
         let take = cur.min(v);
+        if take == 0 {
+            // Nothing to take: no write, so no contended cache line for nothing.
+            return 0;
+        }
         match a.compare_exchange_weak(cur, cur - take, AcqRel, Relaxed) {
             Ok(_) => return take,
             Err(actual) => cur = actual,
