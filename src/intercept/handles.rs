@@ -193,45 +193,50 @@ pub fn created(handle: u64) -> u64 {
     handle
 }
 
-/// What `release_begin` changed, undone by a failed call.
+/// A `cuMemRelease` in flight.
 pub struct Release {
     handle: u64,
     id: u64,
-    ending: Vec<Ending>,
 }
 
-/// Before `cuMemRelease(handle)`: drop one reference (`None`: not a handle we charged).
+/// Before `cuMemRelease(handle)`: one reference fewer, and the allocation kept alive (and its
+/// handle bound) for the length of the call: a `cuMemMap` or an export of the same handle on
+/// another thread meanwhile may reach the driver first, and must find the allocation to pin it.
+/// Whether the release ended the allocation is decided after the call (`None`: not a handle we
+/// charged).
 pub fn release_begin(handle: u64) -> Option<Release> {
     with(|t| {
         let id = *t.handles.get(&handle)?;
         let a = t.allocs.get_mut(&id)?;
         a.refs = a.refs.saturating_sub(1);
-        let mut ending = Vec::new();
-        if a.refs == 0 {
-            t.handles.remove(&handle);
-            t.orphan(id, &mut ending);
-        }
-        Some(Release { handle, id, ending })
+        a.pending += 1;
+        Some(Release { handle, id })
     })
 }
 
 pub fn release_end(r: Option<Release>, t: Timed) {
     let Some(r) = r else { return };
-    if t.rc == CUDA_SUCCESS {
-        charge_off(Hook::cuMemRelease, t, r.ending);
-        return;
-    }
-    // The handle is still valid: nobody can have been given its value.
+    let mut gone = Vec::new();
     with(|tb| {
-        for e in r.ending {
-            tb.restore(e);
-        }
-        if let Some(a) = tb.allocs.get_mut(&r.id) {
+        let Some(a) = tb.allocs.get_mut(&r.id) else { return };
+        a.pending -= 1;
+        if t.rc != CUDA_SUCCESS {
+            // The handle is still valid: the reference is back.
             a.refs += 1;
+            return;
         }
-        let mut none = Vec::new();
-        tb.bind(r.handle, r.id, &mut none);
+        if a.refs == 0 {
+            // The driver may already have handed the value to a new allocation (then `created`
+            // bound it there and orphaned this one): unbind only our own binding.
+            if tb.handles.get(&r.handle) == Some(&r.id) {
+                tb.handles.remove(&r.handle);
+            }
+            tb.orphan(r.id, &mut gone);
+        } else {
+            tb.end_if_dead(r.id, &mut gone);
+        }
     });
+    charge_off(Hook::cuMemRelease, t, gone);
 }
 
 /// Before `cuMemMap(.., handle, ..)`: the allocation being mapped (kept alive during the call).
@@ -510,6 +515,40 @@ mod tests {
         release(g, OK);
         assert!(!held(g) && with(|t| !t.allocs.contains_key(&id.unwrap())));
         assert_eq!(ledger::used(KEPT), 100);
+        // An export racing the last release (the driver exported first): pinned all the same.
+        let x = 0x5200_0000;
+        create_on(KEPT, x, 3);
+        let r = release_begin(x);
+        let id = export_begin(x);
+        assert!(id.is_some(), "the export must find the allocation while its release is in flight");
+        release_end(r, OK);
+        export_end(id, OK);
+        assert!(held(ORPHAN | id.unwrap()));
+        assert_eq!(ledger::used(KEPT), 103);
+    }
+
+    /// A map of the handle on another thread while its last release is in the driver: whichever
+    /// the driver took first, the allocation is pinned by the mapping if the map succeeded.
+    #[test]
+    fn a_map_racing_the_last_release_pins_the_allocation() {
+        let (h, a) = (0x6000_0000, 0x7500_0000_0000);
+        create(h, 64);
+        let r = release_begin(h);
+        let id = map_begin(h);
+        assert!(id.is_some(), "the handle is still the driver's during the release: the map must find it");
+        release_end(r, OK);
+        map_end(id, a, 64, OK);
+        assert!(held(ORPHAN | id.unwrap()), "mapped memory outlives the release");
+        unmap(a, 64, OK);
+        assert!(!held(ORPHAN | id.unwrap()) && with(|t| !t.allocs.contains_key(&id.unwrap())));
+        // The driver took the release first: the map fails, and that ends the allocation.
+        create(h, 64);
+        let r = release_begin(h);
+        let id = map_begin(h);
+        release_end(r, OK);
+        assert!(with(|t| t.allocs.contains_key(&id.unwrap())), "kept while the map is in flight");
+        map_end(id, a, 64, FAIL);
+        assert!(with(|t| !t.allocs.contains_key(&id.unwrap())) && !held(h));
     }
 
     #[test]
