@@ -73,7 +73,10 @@ impl LimitSpec {
                 spec.entries.extend(parse_list(k, v)?);
             } else {
                 let suffix = &k[family.len() + 1..];
-                let idx: u32 = suffix.parse().map_err(|_| ConfigError {
+                // Canonical digits only: `_00` or `_+0` would name device 0 a second time, and
+                // which of two names wins would depend on the environment's order.
+                let canonical = !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_digit()) && (suffix == "0" || !suffix.starts_with('0'));
+                let idx: u32 = suffix.parse().ok().filter(|_| canonical).ok_or_else(|| ConfigError {
                     var: k.to_string(),
                     value: v.to_string(),
                     reason: format!("`{suffix}` is not a device ordinal"),
@@ -184,6 +187,11 @@ pub fn parse_list(var: &str, value: &str) -> Result<Vec<Entry>, ConfigError> {
             return Err(err(format!("`{k}` is not a device key")));
         };
         let size = parse_size(v).map_err(|e| err(format!("`{v}` for device {k}: {}", e.0)))?;
+        // The same key twice is ambiguous even before the devices are known (an ordinal and the
+        // same GPU's UUID are caught when resolving).
+        if let Some(first) = out.iter().find(|e: &&Entry| e.key.as_ref() == Some(&key)) {
+            return Err(err(format!("device {k} is named twice in one list (`{}` and `{item}`)", first.text)));
+        }
         out.push(Entry { key: Some(key), size, var: var.to_string(), text: item.to_string() });
     }
     Ok(out)
@@ -209,10 +217,17 @@ mod tests {
     #[test]
     fn a_device_named_twice_in_one_list_is_an_error() {
         for v in ["0=1g,0=2g", "0=1g,GPU-8932f937=2g", "GPU-8932f938=1g,1=2g"] {
-            let e = spec(&[("VRAMCAP_LIMIT", v)]).unwrap().resolve(&devs()).unwrap_err();
+            let e = spec(&[("VRAMCAP_LIMIT", v)]).and_then(|s| s.resolve(&devs())).unwrap_err();
             assert_eq!(e.var, "VRAMCAP_LIMIT");
             assert!(e.to_string().contains("named twice"), "{e}");
         }
+        // Caught without devices, too (`vramcap size`), and a non-canonical ordinal suffix is no
+        // second name for a device.
+        assert!(spec(&[("VRAMCAP_LIMIT", "0=1g,0=2g")]).unwrap_err().to_string().contains("named twice"));
+        for k in ["VRAMCAP_LIMIT_00", "VRAMCAP_LIMIT_+0", "VRAMCAP_LIMIT_01", "VRAMCAP_LIMIT_"] {
+            assert_eq!(spec(&[(k, "2g")]).unwrap_err().var, k);
+        }
+        assert!(spec(&[("VRAMCAP_LIMIT_10", "2g")]).is_ok());
         // An override of another variable is not a repetition: it is what `_<i>` is for.
         let s = spec(&[("VRAMCAP_LIMIT", "0=1g,1=1g"), ("VRAMCAP_LIMIT_1", "2g")]).unwrap();
         assert_eq!(s.resolve(&devs()).unwrap(), vec![G, 2 * G]);
