@@ -36,9 +36,10 @@ fn replay_accepts_a_per_device_list() {
     // A list that leaves device 0 out leaves it uncapped, as VRAMCAP_LIMIT would.
     let r = json(&["replay", "--json", "--limit", "1=1g", &a, &b]);
     assert!(r["limit"]["0"].is_null() && r["fits"] == true, "{r}");
-    // The later entry wins, as in the library.
-    let r = json(&["replay", "--json", "--limit", "0=4g,0=6g", &a, &b]);
-    assert_eq!((r["limit"]["0"].as_u64(), &r["fits"]), (Some(6 * common::GIB), &serde_json::json!(true)), "{r}");
+    // A device named twice is ambiguous: an error naming both, as in the library.
+    let out = vramcap(&["replay", "--json", "--limit", "0=4g,0=6g", &a, &b]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("named twice in one list (`0=4g` and `0=6g`)"), "{}", text(&out.stderr));
     // Traces know devices by ordinal only.
     let out = vramcap(&["replay", "--limit", "GPU-8932f937=8g", &a, &b]);
     assert_eq!(out.status.code(), Some(2));
