@@ -330,7 +330,7 @@ const ADMIN_GID: u32 = 54_399;
 
 fn top_as(socket: &Path, uid: u32, gid: u32) -> String {
     use std::os::unix::process::CommandExt;
-    let out = Command::new(env!("CARGO_BIN_EXE_vramcap")).args(["top", "--once", "--socket"]).arg(socket).uid(uid).gid(gid).output().unwrap();
+    let out = Command::new(&reachable().vramcap).args(["top", "--once", "--socket"]).arg(socket).uid(uid).gid(gid).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     String::from_utf8_lossy(&out.stdout).to_string()
 }

@@ -133,6 +133,55 @@ pub struct Client {
     pub out: Arc<Mutex<Vec<String>>>,
 }
 
+/// Copies of what a process of another uid runs (the C clients, the fake driver, the preload
+/// library, the CLI) in a directory every user can reach: a checkout under a private directory
+/// (`mktemp -d` makes 0700 ones, CI's clone may be one) cannot be reached by another user, and
+/// a test that runs as one would fail there for that reason alone.
+pub struct Reachable {
+    pub ctests: PathBuf,
+    pub shim: PathBuf,
+    pub lib: PathBuf,
+    pub vramcap: PathBuf,
+}
+
+pub fn reachable() -> &'static Reachable {
+    static R: std::sync::OnceLock<Reachable> = std::sync::OnceLock::new();
+    R.get_or_init(|| {
+        use std::os::unix::fs::PermissionsExt;
+        build_c();
+        // Earlier runs' copies (their test process is gone) go first: ~30 MB each.
+        for e in std::fs::read_dir("/tmp").into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if let Some(pid) = name.strip_prefix("vcs-bin-")
+                && !Path::new(&format!("/proc/{pid}")).exists()
+            {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        let top = PathBuf::from(format!("/tmp/vcs-bin-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&top);
+        let r = Reachable { ctests: top.join("ctests"), shim: top.join("shim"), lib: top.join("libvramcap.so"), vramcap: top.join("vramcap") };
+        for d in [&top, &r.ctests, &r.shim] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let copy = |from: &Path, to: &Path| {
+            std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy {} to {}: {e}", from.display(), to.display()));
+            std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        for e in std::fs::read_dir(ctests_dir()).unwrap().chain(std::fs::read_dir(shim_dir()).unwrap()) {
+            let p = e.unwrap().path();
+            let to = if p.starts_with(shim_dir()) { &r.shim } else { &r.ctests };
+            if p.is_file() {
+                copy(&p, &to.join(p.file_name().unwrap()));
+            }
+        }
+        copy(&preload_lib(), &r.lib);
+        copy(Path::new(env!("CARGO_BIN_EXE_vramcap")), &r.vramcap);
+        r
+    })
+}
+
 impl Client {
     pub fn spawn(name: &str, socket: &Path, env: &[(&str, &str)], ops: &str) -> Client {
         Client::spawn_as(name, socket, env, ops, None)
@@ -142,14 +191,18 @@ impl Client {
     pub fn spawn_as(name: &str, socket: &Path, env: &[(&str, &str)], ops: &str, user: Option<(u32, u32)>) -> Client {
         use std::os::unix::process::CommandExt;
         build_c();
-        let mut cmd = Command::new(ctests_dir().join(name));
+        let (ctests, shim, lib) = match user {
+            Some(_) => (reachable().ctests.clone(), reachable().shim.clone(), reachable().lib.clone()),
+            None => (ctests_dir(), shim_dir(), preload_lib()),
+        };
+        let mut cmd = Command::new(ctests.join(name));
         for (k, _) in std::env::vars_os() {
             let k = k.to_string_lossy().to_string();
             if k.starts_with("VRAMCAP_") || k.starts_with("FAKECUDA_") || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT") || k.starts_with("POD_") || k == "CONTAINER_NAME" {
                 cmd.env_remove(&k);
             }
         }
-        cmd.env("LD_LIBRARY_PATH", shim_dir()).env("LD_PRELOAD", preload_lib()).env("VRAMCAP_SIDECAR", socket);
+        cmd.env("LD_LIBRARY_PATH", shim).env("LD_PRELOAD", lib).env("VRAMCAP_SIDECAR", socket);
         for (k, v) in env {
             cmd.env(k, v);
         }
