@@ -317,3 +317,34 @@ fn an_observer_survives_a_ledger_truncated_under_it() {
     m.unmap();
     assert!(group::guard::lost());
 }
+
+/// A member inside a time namespace (`unshare -T`: containers restored by CRIU, or any user with
+/// user namespaces) sees its own start time shifted by its boot-time offset; observers outside it
+/// see the unshifted one. Both must agree that it lives: its charge stays, and a member outside
+/// is denied what only the live member's memory leaves free.
+#[test]
+fn a_member_in_a_time_namespace_is_not_taken_for_dead() {
+    let ok = is_root() && Command::new("unshare").args(["-T", "--boottime", "100000", "true"]).status().is_ok_and(|s| s.success());
+    needs!(ok, "root and unshare -T (time namespaces, Linux 5.6)");
+    build_c();
+    let dir = private_group_dir();
+    let mut a = Run::program(Path::new("unshare"))
+        .env("VRAMCAP_GROUP", "tns")
+        .env("VRAMCAP_GROUP_DIR", &dir)
+        .env("VRAMCAP_GROUP_LIMIT", "1g")
+        .args(["-T --boottime 100000", ctests_dir().join("client_linked").to_str().unwrap(), "init ctx 0 alloc 800m sleep 60000"])
+        .spawn();
+    assert_eq!(a.wait_for("alloc").rc(), 0);
+    let out = member("client_procaddr", &dir, "tns", None).args(["init ctx 0 alloc 800m"]).run();
+    assert_eq!(out.ok().nth("alloc", 0).rc(), 2, "1.6 GiB under a 1 GiB group: {}", out.stderr);
+    let m = ledger(&dir, "tns");
+    group::reclaim_in(m.shm);
+    assert_eq!(used0(&m), 800 * MIB, "an observer outside the time namespace reclaimed a live member");
+    a.sigkill();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while used0(&m) != 0 && std::time::Instant::now() < deadline {
+        group::reclaim_in(m.shm);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(used0(&m), 0, "dead, it is reclaimed");
+}

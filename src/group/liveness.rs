@@ -37,9 +37,30 @@ pub fn parse_stat(s: &str) -> Option<(u64, bool)> {
     Some((start, state == "Z" || state == "X"))
 }
 
-/// Start time and zombie state of `/proc/<who>`.
+/// Start time and zombie state of `/proc/<who>`. The start time is as the initial time namespace
+/// has it: `/proc` shows it shifted by the reader's boot-time offset (Linux ≥ 5.6, time
+/// namespaces), so a member inside a time namespace and an observer outside it would otherwise
+/// never agree, and every observer would judge a live member dead (and reclaim its charge).
 pub fn proc_start_of(who: &str) -> Option<(u64, bool)> {
-    parse_stat(&std::fs::read_to_string(format!("/proc/{who}/stat")).ok()?)
+    let (start, zombie) = parse_stat(&std::fs::read_to_string(format!("/proc/{who}/stat")).ok()?)?;
+    Some((start.wrapping_sub(boottime_offset_ticks() as u64), zombie))
+}
+
+/// This process's boot-time offset in clock ticks (0 outside a time namespace, or before 5.6).
+fn boottime_offset_ticks() -> i64 {
+    static TICKS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+        std::fs::read_to_string("/proc/self/timens_offsets").ok().as_deref().map_or(0, |t| parse_boottime_offset(t, hz))
+    })
+}
+
+/// The `boottime SECONDS NANOSECONDS` line of `/proc/self/timens_offsets`, in ticks of `hz`.
+pub fn parse_boottime_offset(text: &str, hz: i64) -> i64 {
+    let Some(line) = text.lines().find(|l| l.split_whitespace().next() == Some("boottime")) else { return 0 };
+    let mut f = line.split_whitespace().skip(1).map(|v| v.parse::<i64>().unwrap_or(0));
+    let (secs, nanos) = (f.next().unwrap_or(0), f.next().unwrap_or(0));
+    secs.saturating_mul(hz).saturating_add(nanos.saturating_mul(hz) / 1_000_000_000)
 }
 
 /// The pid in its own (innermost) namespace: the last field of `NSpid:` in `/proc/<p>/status`.
@@ -181,6 +202,13 @@ mod tests {
         let z = "7 (x) Z 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 42 20";
         assert_eq!(parse_stat(z), Some((42, true)));
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn the_boot_time_offset_is_read_in_ticks() {
+        assert_eq!(parse_boottime_offset("monotonic 0 0\nboottime  100000 0\n", 100), 10_000_000);
+        assert_eq!(parse_boottime_offset("monotonic 5 0\nboottime -2 500000000\n", 100), -150);
+        assert_eq!(parse_boottime_offset("", 100), 0);
     }
 
     #[test]
