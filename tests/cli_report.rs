@@ -190,4 +190,11 @@ fn a_group_members_policy_share_reserve_and_headroom_are_reported() {
     let text = ok(&["report", &p]);
     assert!(!text.contains("group sharing"), "{text}");
     assert!(json(&["report", "--json", &p])["processes"][0]["group_policy"].is_null());
+    // A trace is anybody's file: what it says is never printed as terminal control codes.
+    let evil = header.replace(r#""group_policy":"equal""#, r#""group_policy":"\u001b[31mred\nFAKE LINE""#).replace(r#""exe":"job""#, r#""exe":"j\u001b]0;owned\u0007ob""#);
+    let p = dir.join("evil.jsonl");
+    std::fs::write(&p, format!("{evil}\n{}\n{summary}\n", ev(0, 10, "alloc", 0x1000, 1 << 20, 1 << 20))).unwrap();
+    let text = ok(&["report", p.to_str().unwrap()]);
+    assert!(!text.contains('\u{1b}') && !text.contains("\nFAKE LINE"), "{text:?}");
+    assert!(text.contains("policy unknown") && text.contains("(j?]0;owned?ob)"), "{text}");
 }

@@ -75,7 +75,7 @@ fn sharing_of(r: &Report, proc_idx: usize, dev: i32) -> Sharing {
     let d = h.devices.iter().find(|d| d.index == dev);
     let at_exit = |m: Option<&std::collections::BTreeMap<String, u64>>| m.and_then(|m| m.get(&dev.to_string()).copied());
     Sharing {
-        policy: h.group_policy.clone().or_else(|| g?.policy.clone()),
+        policy: h.group_policy.clone().or_else(|| g?.policy.clone()).map(|p| crate::grammar::group::PolicyName::shown(&p).to_string()),
         priority: h.group_priority.or_else(|| g?.priority),
         holds_headroom: h.group_holds_headroom.or_else(|| g?.holds_headroom),
         reserve: d.and_then(|d| d.group_reserve).or_else(|| at_exit(g.map(|g| &g.reserve))),
@@ -202,7 +202,8 @@ pub fn to_text(r: &Report) -> String {
     for (i, p) in r.procs.iter().enumerate() {
         let rd = &r.merged.readers[i];
         let h = &rd.header;
-        let _ = writeln!(o, "process {} ({}) on {} — {}", h.pid, h.exe, h.host, rd.path.display());
+        let printable = |s: &str| s.chars().map(|ch| if ch.is_control() { '?' } else { ch }).collect::<String>();
+        let _ = writeln!(o, "process {} ({}) on {} — {}", h.pid, printable(&h.exe), printable(&h.host), rd.path.display());
         if p.devices.is_empty() {
             let _ = writeln!(o, "  no events");
         }

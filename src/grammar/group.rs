@@ -50,6 +50,11 @@ impl PolicyName {
             _ => None,
         }
     }
+    /// A policy name from elsewhere (a client's header, a trace) as it may be printed: one of
+    /// ours, or "unknown" (never the text itself: it could carry terminal control codes).
+    pub fn shown(v: &str) -> &'static str {
+        PolicyName::parse(v).map_or("unknown", PolicyName::name)
+    }
     pub fn name(self) -> &'static str {
         match self {
             PolicyName::Shared => "shared",

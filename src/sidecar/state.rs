@@ -103,7 +103,7 @@ impl Client {
             pod: str_field(h, "pod"),
             container: str_field(h, "container"),
             group: str_field(h, "group"),
-            policy: str_field(h, "group_policy"),
+            policy: str_field(h, "group_policy").map(|p| crate::grammar::group::PolicyName::shown(&p).to_string()),
             priority: h.get("group_priority").and_then(Value::as_i64),
             holds_headroom: h.get("group_holds_headroom").and_then(Value::as_bool),
             devices: BTreeMap::new(),
