@@ -302,8 +302,8 @@ fn one_address_cannot_take_every_metrics_slot() {
     let dir = tmpdir("perpeer");
     let sc = Sidecar::start(&dir.join("s.sock"), &[]);
     assert!(sc.metrics.starts_with("127.0.0.1:"), "{}", sc.metrics);
-    // 70 requests begun from 127.0.0.1 and never finished: more than the 64 served at once.
-    let hogs: Vec<std::net::TcpStream> = (0..70)
+    // 260 requests begun from 127.0.0.1 and never finished: more than the 256 served at once.
+    let hogs: Vec<std::net::TcpStream> = (0..260)
         .map(|_| {
             let mut s = connect_from([127, 0, 0, 1], &sc.metrics);
             s.write_all(b"G").unwrap();

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 /// Whole-request deadline: reading the request and writing the answer.
 const DEADLINE: Duration = Duration::from_secs(5);
-/// Requests served at once.
-const MAX_IN_FLIGHT: usize = 64;
+/// Requests served at once: room for 32 addresses' full share, so locking scrapers out takes
+/// that many addresses, each held for the whole deadline (a thread each, 256 KiB of stack).
+const MAX_IN_FLIGHT: usize = 256;
 /// Requests served at once for one peer address (a real scraper sends one at a time).
 const MAX_PER_PEER: usize = 8;
 /// Longest request head read.
