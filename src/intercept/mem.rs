@@ -77,11 +77,17 @@ pub fn virtual_info(dev: usize, phys_free: u64, phys_total: u64) -> (u64, u64) {
 /// answer), then rewrites what it returned. `query` fills physical (free, total) on success.
 fn capped_info(call: impl FnOnce() -> CUresult, query: impl FnOnce() -> Option<(u64, u64)>, write: impl FnOnce(u64, u64)) -> CUresult {
     let rc = call();
-    if rc != CUDA_SUCCESS || mode() != Mode::Enforce {
+    let m = mode();
+    if rc != CUDA_SUCCESS || m == Mode::PassThrough {
         return rc;
     }
     guarded((), || {
-        if ensure_limits().is_err() {
+        if m == Mode::FailClosed || ensure_limits().is_err() {
+            // Nothing can be allocated (every allocation is refused): say so, rather than show
+            // the device's free memory to a framework that sizes its pools from it.
+            if let Some((_, total)) = query() {
+                write(0, total);
+            }
             return;
         }
         let Some(dev) = current_device() else { return };
