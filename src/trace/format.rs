@@ -81,8 +81,15 @@ pub struct DeviceLine {
     /// The group's budget on this device (group members only; absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group_limit: Option<u64>,
-    /// Where the group caps the device: this member's reserve and the group's headroom (0 when
-    /// none), and under `equal` its share now (issue 17).
+    #[serde(flatten)]
+    pub sharing: DeviceSharing,
+}
+
+/// Where the group caps a device: this member's reserve and the group's headroom (0 when none),
+/// and under `equal` its share now (issue 17). In the header's `devices[]` and in every usage
+/// line's (the share moves as members come and go); all absent where the group does not cap.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct DeviceSharing {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group_reserve: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -186,13 +193,8 @@ pub struct DeviceUsage {
     pub group_limit: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group_used: Option<u64>,
-    /// As in the header's `devices[]`: the share moves as members come and go.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub group_reserve: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub group_headroom: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub group_share: Option<u64>,
+    #[serde(flatten)]
+    pub sharing: DeviceSharing,
 }
 
 /// Successful counted allocations (`op` `alloc`) of one entry point on one device, since start.

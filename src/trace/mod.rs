@@ -18,7 +18,7 @@ mod writer;
 use crate::config;
 use crate::events;
 use crate::ledger;
-use format::{DeviceLine, Header, Summary};
+use format::{DeviceLine, DeviceSharing, Header, Summary};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -183,15 +183,12 @@ extern "C" fn at_exit() {
     lifetime::exit_and_wait(Instant::now() + Duration::from_secs(5));
 }
 
-/// (reserve, headroom, equal share) of one device.
-pub(crate) type DeviceSharing = (Option<u64>, Option<u64>, Option<u64>);
-
-/// A group member's sharing settings on device `d`: (reserve, headroom, equal share), only
+/// A group member's sharing settings on device `d`: reserve, headroom, equal share, only
 /// where its group caps `d` (beside `group_limit`, which is absent elsewhere).
 pub(crate) fn sharing_on(v: Option<&crate::group::sharing::MemberView>, d: usize, capped: bool) -> DeviceSharing {
     match v.and_then(|v| v.on(d)).filter(|_| capped) {
-        Some((reserve, headroom, share)) => (Some(reserve), Some(headroom), share),
-        None => (None, None, None),
+        Some((reserve, headroom, share)) => DeviceSharing { group_reserve: Some(reserve), group_headroom: Some(headroom), group_share: share },
+        None => DeviceSharing::default(),
     }
 }
 
@@ -201,8 +198,8 @@ fn header() -> Header {
     let devices = (0..ledger::device_count())
         .map(|i| {
             let group_limit = crate::group::view(i).map(|g| g.0);
-            let (group_reserve, group_headroom, group_share) = sharing_on(member.as_ref(), i, group_limit.is_some());
-            DeviceLine { index: i, total: ledger::total(i), limit: ledger::limit(i), group_limit, group_reserve, group_headroom, group_share }
+            let sharing = sharing_on(member.as_ref(), i, group_limit.is_some());
+            DeviceLine { index: i, total: ledger::total(i), limit: ledger::limit(i), group_limit, sharing }
         })
         .collect();
     Header {
@@ -258,8 +255,8 @@ fn summary() -> Summary {
         let member = crate::group::sharing::view();
         let (mut reserve, mut headroom, mut share) = Default::default();
         for (d, _) in &caps {
-            let (r, h, s) = sharing_on(member.as_ref(), *d, true);
-            for (map, v) in [(&mut reserve, r), (&mut headroom, h), (&mut share, s)] {
+            let s = sharing_on(member.as_ref(), *d, true);
+            for (map, v) in [(&mut reserve, s.group_reserve), (&mut headroom, s.group_headroom), (&mut share, s.group_share)] {
                 if let Some(v) = v {
                     std::collections::BTreeMap::insert(map, d.to_string(), v);
                 }

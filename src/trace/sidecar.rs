@@ -187,7 +187,7 @@ impl Sidecar {
             devices: (0..n)
                 .map(|d| {
                     let group = crate::group::view(d);
-                    let (group_reserve, group_headroom, group_share) = super::sharing_on(member.as_ref(), d, group.is_some());
+                    let sharing = super::sharing_on(member.as_ref(), d, group.is_some());
                     DeviceUsage {
                         index: d,
                         used: ledger::used(d),
@@ -196,9 +196,7 @@ impl Sidecar {
                         denied: self.tally.denied.get(d).copied().unwrap_or(0),
                         group_limit: group.map(|g| g.0),
                         group_used: group.map(|g| g.1),
-                        group_reserve,
-                        group_headroom,
-                        group_share,
+                        sharing,
                     }
                 })
                 .collect(),
