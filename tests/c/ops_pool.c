@@ -171,6 +171,18 @@ static void *storm_thread(void *arg)
     return NULL;
 }
 
+/* THREADS threads (at most 64) run FN on R together; returns when all have ended. */
+static void run_threads(struct race *r, unsigned long long threads, void *(*fn)(void *))
+{
+    pthread_t th[64];
+
+    pthread_mutex_init(&r->lock, NULL);
+    for (unsigned long long i = 0; i < threads; i++)
+        pthread_create(&th[i], NULL, fn, r);
+    for (unsigned long long i = 0; i < threads; i++)
+        pthread_join(th[i], NULL);
+}
+
 static CUresult instantiate(CUgraphExec *e, CUgraph g, int variant)
 {
     CUDA_GRAPH_INSTANTIATE_PARAMS ip;
@@ -273,7 +285,6 @@ int client_pool_op(const struct cu_api *api, const char *op, int argc, char **ar
     if (!strcmp(op, "asyncrace")) {
         unsigned long long threads = n(ARG(0));
         struct race r;
-        pthread_t th[64];
         if (threads > 64)
             threads = 64;
         memset(&r, 0, sizeof r);
@@ -283,29 +294,20 @@ int client_pool_op(const struct cu_api *api, const char *op, int argc, char **ar
         if (A->cuMemAllocAsync(&p, n(ARG(2)), NULL) == CUDA_SUCCESS)
             A->cuMemFreeAsync(p, NULL);
         pthread_barrier_init(&r.go, NULL, (unsigned)threads);
-        pthread_mutex_init(&r.lock, NULL);
-        for (unsigned long long i = 0; i < threads; i++)
-            pthread_create(&th[i], NULL, race_thread, &r);
-        for (unsigned long long i = 0; i < threads; i++)
-            pthread_join(th[i], NULL);
+        run_threads(&r, threads, race_thread);
         OUT("asyncrace ok=%llu oom=%llu other=%llu", r.t.ok, r.t.oom, r.t.other);
         return 3;
     }
     if (!strcmp(op, "asyncstorm")) {
         unsigned long long threads = n(ARG(0));
         struct race r;
-        pthread_t th[64];
         if (threads > 64)
             threads = 64;
         memset(&r, 0, sizeof r);
         r.rounds = n(ARG(1));
         r.size = n(ARG(2));
         A->cuCtxGetCurrent(&r.ctx);
-        pthread_mutex_init(&r.lock, NULL);
-        for (unsigned long long i = 0; i < threads; i++)
-            pthread_create(&th[i], NULL, storm_thread, &r);
-        for (unsigned long long i = 0; i < threads; i++)
-            pthread_join(th[i], NULL);
+        run_threads(&r, threads, storm_thread);
         OUT("asyncstorm ok=%llu oom=%llu other=%llu", r.t.ok, r.t.oom, r.t.other);
         return 3;
     }
