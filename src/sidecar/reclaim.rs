@@ -142,3 +142,41 @@ pub fn sweep(dir: &Path, group: &str) -> (usize, u64, usize) {
     }
     (n, bytes, left)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a real directory of that uid which nobody else can write is swept: a squatter's
+    /// directory of that name, one others can write, or a symbolic link is refused.
+    #[test]
+    fn only_the_uids_own_private_directory_is_swept() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED only_the_uids_own_private_directory_is_swept: needs root to chown");
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let uid = 54_000 + std::process::id() % 1000;
+        let dir = PathBuf::from(format!("{}/vramcap-{uid}", crate::grammar::group::DEFAULT_DIR));
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_file(&dir);
+        let chown = |p: &Path, u: u32| {
+            let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+            assert_eq!(unsafe { libc::lchown(c.as_ptr(), u, u) }, 0);
+        };
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let err = uid_dir(uid).unwrap_err();
+        assert!(err.contains("not a directory of uid"), "root's directory of that name: {err}");
+        chown(&dir, uid);
+        let fd = uid_dir(uid).expect("the uid's own private directory");
+        unsafe { libc::close(fd) };
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(uid_dir(uid).is_err(), "a directory others can write");
+        std::fs::remove_dir(&dir).unwrap();
+        std::os::unix::fs::symlink("/tmp", &dir).unwrap();
+        chown(&dir, uid);
+        assert!(uid_dir(uid).is_err(), "a symbolic link, even the uid's own");
+        std::fs::remove_file(&dir).unwrap();
+    }
+}
