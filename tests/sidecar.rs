@@ -237,6 +237,13 @@ fn trace_dir_keeps_each_clients_records_and_no_sidecar_changes_nothing() {
         .args(["init ctx 0 alloc 1m alloc 2g alloc 3m free 0"])
         .run();
     out.ok();
+    // The sidecar writes what it has received when it next polls: the client may have exited
+    // first (a busy machine, CI), so wait for the summary to reach the file.
+    wait_until("the client's summary in its trace file", Duration::from_secs(20), || {
+        std::fs::read_dir(&traces).into_iter().flatten().flatten().any(|e| {
+            std::fs::read_to_string(e.path()).is_ok_and(|t| t.lines().last().is_some_and(|l| l.contains("\"type\":\"summary\"")))
+        })
+    });
     let files: Vec<PathBuf> = std::fs::read_dir(&traces).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(files.len(), 1, "{files:?}");
     let name = files[0].file_name().unwrap().to_string_lossy().to_string();
