@@ -113,6 +113,30 @@ fn a_configuration_the_parser_once_panicked_on_fails_closed() {
     assert!(out.stderr.contains("VRAMCAP_LIMIT") && !out.stderr.contains("panicked"), "{}", out.stderr);
 }
 
+#[test]
+fn a_panic_inside_vramcap_is_caught_and_fails_closed() {
+    // A real panic in the configuration parser (VRAMCAP_TEST_PANIC): the unwinder linked into the
+    // library (build.rs, no libgcc_s) must find our frames, `catch_unwind` must stop it, and CUDA
+    // initialisation must fail closed. A broken unwinder aborts the process instead.
+    let out = Run::client("client_procaddr")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("VRAMCAP_TEST_PANIC", "config")
+        .args(["init ctx 0 alloc 1m"])
+        .run();
+    out.ok();
+    assert_eq!(out.nth("init", 0).rc(), 800, "CUDA_ERROR_NOT_PERMITTED: {}", out.stderr);
+    assert!(out.stderr.contains("reading the configuration failed"), "{}", out.stderr);
+    // Any other value is no fault: the limit applies as usual.
+    let calm = Run::client("client_procaddr")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("VRAMCAP_TEST_PANIC", "no")
+        .args(["init ctx 0 alloc 1m alloc 2g"])
+        .run();
+    calm.ok();
+    assert_eq!(calm.nth("alloc", 0).rc(), 0, "{}", calm.stderr);
+    assert_eq!(calm.nth("alloc", 1).rc(), 2, "denied over the limit: {}", calm.stderr);
+}
+
 fn trace_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("vramcap-faults-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);

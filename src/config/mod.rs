@@ -126,7 +126,12 @@ impl Config {
 
     fn from_env() -> Config {
         // Case-insensitive prefix, so a misspelled `vramcap_limit` reaches the unknown-name warning.
-        let (vars, bad) = group::vars_from(std::env::vars_os());
+        let (vars, bad) = group::vars_from(our_env().into_iter());
+        // Fault injection for tests/faults.rs: only a real panic shows that the statically linked
+        // unwinder (build.rs) finds our frames and `get` contains it (a broken one aborts).
+        if vars.iter().any(|(k, v)| k == "VRAMCAP_TEST_PANIC" && v == "config") {
+            panic!("VRAMCAP_TEST_PANIC=config");
+        }
         let mut c = ceiling::from_env_vars(&vars);
         // A variable we could not read is no variable: the limit it meant would silently vanish.
         if let Some(e) = bad {
@@ -134,6 +139,35 @@ impl Config {
         }
         c
     }
+}
+
+/// The environment's entries whose names [`group::is_ours`], read straight from `environ` as
+/// `getenv` does. `std::env::vars_os` first copies every variable of the process (two
+/// allocations each, under a lock of our own std that guards nothing against the C code around
+/// us): 40–80 µs of every process's start on the reference VM (docs/performance.md). An entry
+/// without `=` is skipped and a name may begin with `=`, as std has it.
+fn our_env() -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    use std::os::unix::ffi::OsStrExt;
+    unsafe extern "C" {
+        static environ: *const *const std::ffi::c_char;
+    }
+    let mut out = Vec::new();
+    let mut p = unsafe { environ };
+    while !p.is_null() {
+        let entry = unsafe { *p };
+        if entry.is_null() {
+            break;
+        }
+        let bytes = unsafe { std::ffi::CStr::from_ptr(entry) }.to_bytes();
+        if let Some(eq) = bytes.iter().skip(1).position(|&c| c == b'=').map(|i| i + 1) {
+            let (k, v) = (&bytes[..eq], &bytes[eq + 1..]);
+            if group::is_ours(k) {
+                out.push((std::ffi::OsStr::from_bytes(k).to_owned(), std::ffi::OsStr::from_bytes(v).to_owned()));
+            }
+        }
+        p = unsafe { p.add(1) };
+    }
+    out
 }
 
 static CONFIG: AtomicPtr<Config> = AtomicPtr::new(std::ptr::null_mut());

@@ -3,7 +3,9 @@
  *   startup_bench run N      N times: fork, exec `startup_bench child FD` (with LD_PRELOAD set to
  *                            $STARTUP_PRELOAD when that is set), wait. One line per run:
  *                            start_us  fork to the first allocation done (cuInit, primary context,
- *                                      cuMemAlloc_v2 of 1 MiB returned)
+ *                                      cuMemAlloc_v2 of 1 MiB returned), and its phases:
+ *                                      main_us (to main), init_us (cuInit), ctx_us (device and
+ *                                      primary context), alloc_us (the allocation)
  *                            exit_us   the child's last call done (the free) to waitpid returning:
  *                                      exit handlers, vramcap's trace drain, process teardown
  *   startup_bench child FD   the measured process: the calls above, then writes its two
@@ -27,17 +29,23 @@ static long long now_ns(void)
 
 static int child(int fd)
 {
+    long long entered = now_ns();
     CUdevice dev = 0;
     CUcontext ctx = NULL;
     CUdeviceptr p = 0;
-    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)
-        || cuMemAlloc_v2(&p, 1 << 20))
+    if (cuInit(0))
+        return 1;
+    long long inited = now_ns();
+    if (cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx))
+        return 1;
+    long long current = now_ns();
+    if (cuMemAlloc_v2(&p, 1 << 20))
         return 1;
     long long allocated = now_ns();
     if (cuMemFree_v2(p))
         return 1;
     long long done = now_ns();
-    dprintf(fd, "%lld %lld\n", allocated, done);
+    dprintf(fd, "%lld %lld %lld %lld %lld\n", allocated, done, entered, inited, current);
     close(fd);
     return 0;
 }
@@ -67,18 +75,23 @@ int main(int argc, char **argv)
             _exit(127);
         }
         close(fds[1]);
-        char buf[64] = {0};
+        char buf[256] = {0};
         ssize_t got = read(fds[0], buf, sizeof buf - 1);
         close(fds[0]);
         int st = 0;
         waitpid(pid, &st, 0);
         long long reaped = now_ns();
-        long long allocated = 0, done = 0;
-        if (got <= 0 || sscanf(buf, "%lld %lld", &allocated, &done) != 2 || !WIFEXITED(st) || WEXITSTATUS(st)) {
+        long long allocated = 0, done = 0, entered = 0, inited = 0, current = 0;
+        if (got <= 0 || sscanf(buf, "%lld %lld %lld %lld %lld", &allocated, &done, &entered, &inited, &current) != 5
+            || !WIFEXITED(st) || WEXITSTATUS(st)) {
             fprintf(stderr, "startup_bench: run %d failed (status %d)\n", i, st);
             return 1;
         }
-        printf("start_us=%.1f exit_us=%.1f\n", (allocated - forked) / 1e3, (reaped - done) / 1e3);
+        /* The start's phases: exec, loader and constructors up to main; cuInit; device and primary
+         * context; the first allocation. */
+        printf("start_us=%.1f exit_us=%.1f main_us=%.1f init_us=%.1f ctx_us=%.1f alloc_us=%.1f\n",
+               (allocated - forked) / 1e3, (reaped - done) / 1e3, (entered - forked) / 1e3, (inited - entered) / 1e3,
+               (current - inited) / 1e3, (allocated - current) / 1e3);
     }
     return 0;
 }
