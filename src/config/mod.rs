@@ -158,16 +158,19 @@ fn our_env() -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
         if entry.is_null() {
             break;
         }
-        let bytes = unsafe { std::ffi::CStr::from_ptr(entry) }.to_bytes();
-        if let Some(eq) = bytes.iter().skip(1).position(|&c| c == b'=').map(|i| i + 1) {
-            let (k, v) = (&bytes[..eq], &bytes[eq + 1..]);
-            if group::is_ours(k) {
-                out.push((std::ffi::OsStr::from_bytes(k).to_owned(), std::ffi::OsStr::from_bytes(v).to_owned()));
-            }
+        if let Some((k, v)) = ours(unsafe { std::ffi::CStr::from_ptr(entry) }.to_bytes()) {
+            out.push((std::ffi::OsStr::from_bytes(k).to_owned(), std::ffi::OsStr::from_bytes(v).to_owned()));
         }
         p = unsafe { p.add(1) };
     }
     out
+}
+
+/// One `environ` entry as `(name, value)` when the name is ours.
+fn ours(entry: &[u8]) -> Option<(&[u8], &[u8])> {
+    let eq = entry.iter().skip(1).position(|&c| c == b'=')? + 1;
+    let (k, v) = (&entry[..eq], &entry[eq + 1..]);
+    group::is_ours(k).then_some((k, v))
 }
 
 static CONFIG: AtomicPtr<Config> = AtomicPtr::new(std::ptr::null_mut());
@@ -207,6 +210,27 @@ pub fn get() -> &'static Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn environ_entries_split_as_std_splits_them() {
+        assert_eq!(ours(b"VRAMCAP_LIMIT=1g=x"), Some((&b"VRAMCAP_LIMIT"[..], &b"1g=x"[..])));
+        assert_eq!(ours(b"vramcap_limit="), Some((&b"vramcap_limit"[..], &b""[..])));
+        assert_eq!(ours(b"CUDA_DEVICE_MEMORY_LIMIT_0=2g"), Some((&b"CUDA_DEVICE_MEMORY_LIMIT_0"[..], &b"2g"[..])));
+        // Not ours, no `=`, or a name that only starts after a leading `=`.
+        assert_eq!(ours(b"PATH=/bin"), None);
+        assert_eq!(ours(b"VRAMCAP_LIMIT"), None);
+        assert_eq!(ours(b"=VRAMCAP_LIMIT=1g"), None);
+        assert_eq!(ours(b""), None);
+    }
+
+    #[test]
+    fn the_process_environment_is_read_in_place() {
+        // Whatever this test process has: exactly the `is_ours` entries of std's own reading.
+        let ours_std: Vec<_> = std::env::vars_os()
+            .filter(|(k, _)| group::is_ours(std::os::unix::ffi::OsStrExt::as_bytes(k.as_os_str())))
+            .collect();
+        assert_eq!(our_env(), ours_std);
+    }
 
     fn cfg(vars: &[(&str, &str)]) -> Config {
         let v: Vec<(String, String)> = vars.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
