@@ -28,9 +28,11 @@ use std::time::Duration;
 
 /// Bytes given back to groups since start (metric `vramcap_group_reclaimed_bytes_total`).
 pub static RECLAIMED_BYTES: AtomicU64 = AtomicU64::new(0);
-/// The last error each group's ledger gave: a ledger that stays unusable is reported once, not
-/// every sweep (a client could otherwise keep the log busy by naming it).
-static LAST_ERROR: Mutex<BTreeMap<String, String>> = Mutex::new(BTreeMap::new());
+/// The last error each (uid, group) gave: a ledger that stays unusable is reported once, not
+/// every sweep (a client could otherwise keep the log busy by naming it). Keyed by uid too: two
+/// uids' groups of one name are different ledgers, and one's success must not re-arm the
+/// other's line (each sweep would then log it again).
+static LAST_ERROR: Mutex<BTreeMap<(u32, String), String>> = Mutex::new(BTreeMap::new());
 
 /// Sweeps every group its clients have reported, every `every`: `dir/vramcap-group-<name>`, or
 /// without `--group-dir` the reporting uid's default directory (see [`uid_dir`]). A name is
@@ -50,7 +52,7 @@ pub fn spawn(dir: Option<PathBuf>, registry: Arc<Mutex<Registry>>, every: Durati
                 // Checked under the lock: a client that names the group now keeps it.
                 if !reg.clients.values().any(|c| c.uid == uid && c.group.as_deref() == Some(g.as_str())) {
                     reg.groups.remove(&(uid, g.clone()));
-                    LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner()).remove(&g);
+                    LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner()).remove(&(uid, g.clone()));
                 }
             }
         }
@@ -61,20 +63,16 @@ pub fn spawn(dir: Option<PathBuf>, registry: Arc<Mutex<Registry>>, every: Durati
 /// One group of one uid; returns the members left (0 without a usable ledger).
 fn sweep_for(dir: Option<&Path>, uid: u32, group: &str) -> usize {
     if let Some(d) = dir {
-        return sweep(d, group).2;
+        return sweep(d, uid, group).2;
     }
     match uid_dir(uid) {
         Ok(fd) => {
-            let left = sweep(Path::new(&format!("/proc/self/fd/{fd}")), group).2;
+            let left = sweep(Path::new(&format!("/proc/self/fd/{fd}")), uid, group).2;
             unsafe { libc::close(fd) };
             left
         }
         Err(e) => {
-            let mut last = LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner());
-            if last.get(group) != Some(&e) {
-                super::logline::log("group ledger", &format!("group {group:?} of uid {uid}: {e}"));
-                last.insert(group.to_string(), e);
-            }
+            note_error(uid, group, Err(&e), &format!("group {group:?} of uid {uid}: {e}"));
             0
         }
     }
@@ -112,23 +110,33 @@ fn open_ledger(path: &Path) -> Result<Option<file::Mapping>, String> {
     })
 }
 
-/// One group: returns (members, bytes) reclaimed and the members left (0 without a ledger).
-pub fn sweep(dir: &Path, group: &str) -> (usize, u64, usize) {
-    let path = file::path_for(&dir.to_string_lossy(), group);
-    let opened = open_ledger(&path);
-    {
-        let mut last = LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner());
-        match &opened {
-            Err(e) if last.get(group) != Some(e) => {
-                super::logline::log("group ledger", &format!("group {group:?}: {e}"));
-                last.insert(group.to_string(), e.clone());
-            }
-            Err(_) => {}
-            Ok(_) => {
-                last.remove(group);
-            }
+/// Remembers the outcome for (uid, group); true when `line` was logged (a new error).
+fn note_error(uid: u32, group: &str, outcome: Result<(), &String>, line: &str) -> bool {
+    let mut last = LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner());
+    let key = (uid, group.to_string());
+    match outcome {
+        Err(e) if last.get(&key) != Some(e) => {
+            super::logline::log("group ledger", line);
+            last.insert(key, e.clone());
+            true
+        }
+        Err(_) => false,
+        Ok(()) => {
+            last.remove(&key);
+            false
         }
     }
+}
+
+/// One group of one uid: returns (members, bytes) reclaimed and the members left (0 without a
+/// ledger).
+fn sweep(dir: &Path, uid: u32, group: &str) -> (usize, u64, usize) {
+    let path = file::path_for(&dir.to_string_lossy(), group);
+    let opened = open_ledger(&path);
+    match &opened {
+        Err(e) => note_error(uid, group, Err(e), &format!("group {group:?}: {e}")),
+        Ok(_) => note_error(uid, group, Ok(()), ""),
+    };
     let m = match opened {
         Ok(Some(m)) => m,
         Ok(None) | Err(_) => return (0, 0, 0),
@@ -146,6 +154,19 @@ pub fn sweep(dir: &Path, group: &str) -> (usize, u64, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_uids_working_ledger_does_not_rearm_anothers_error_line() {
+        let (g, e) = ("dedupe-test-group", "vanished; not swept".to_string());
+        assert!(note_error(9001, g, Err(&e), "x"), "a new error is logged");
+        assert!(!note_error(9001, g, Err(&e), "x"), "the same error again is not");
+        // Another uid's group of the same name sweeps fine: uid 9001's error stays noted.
+        assert!(!note_error(9002, g, Ok(()), ""));
+        assert!(!note_error(9001, g, Err(&e), "x"), "re-armed by another uid's success");
+        // The same uid's own success does re-arm it.
+        assert!(!note_error(9001, g, Ok(()), ""));
+        assert!(note_error(9001, g, Err(&e), "x"));
+    }
 
     /// Only a real directory of that uid which nobody else can write is swept: a squatter's
     /// directory of that name, one others can write, or a symbolic link is refused.
