@@ -1,6 +1,7 @@
 /*
- * copies.c - the copy entry points numba-cuda (through cuda-bindings) uses besides the plain
- * HtoD/DtoH ones in fakemem.c: device to device, and the stream-ordered (Async) copies.
+ * copies.c - the copy and memset entry points: host to device and back, device to device, and
+ * the stream-ordered (Async) copies numba-cuda (through cuda-bindings) uses. Copies are host
+ * memmoves with no range checking against allocations (tests address device memory directly).
  *
  * The fake's streams complete work at once, so an Async copy is done when it returns, which the
  * documented semantics allow (the caller may only rely on completion after synchronizing).
@@ -27,6 +28,53 @@ static CUresult copy(void *dst, const void *src, size_t n, CUstream stream, int 
 }
 
 #define DEV(p) ((void *)(uintptr_t)(p))
+
+FC_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+    FC_COUNT(cuMemcpyHtoD_v2);
+    return copy(DEV(dst), src, n, NULL, 0);
+}
+
+FC_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n)
+{
+    FC_COUNT(cuMemcpyHtoD_v2_ptds);
+    return copy(DEV(dst), src, n, NULL, 0);
+}
+
+FC_API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+    FC_COUNT(cuMemcpyDtoH_v2);
+    return copy(dst, DEV(src), n, NULL, 0);
+}
+
+FC_API CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n)
+{
+    FC_COUNT(cuMemcpyDtoH_v2_ptds);
+    return copy(dst, DEV(src), n, NULL, 0);
+}
+
+static CUresult memset8(CUdeviceptr dst, unsigned char uc, size_t n)
+{
+    /* The same checks as a copy of the range onto itself. */
+    CUresult rc = copy(DEV(dst), DEV(dst), 0, NULL, 0);
+    if (rc == CUDA_SUCCESS && n && !dst)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS && n)
+        memset(DEV(dst), uc, n);
+    return rc;
+}
+
+FC_API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n)
+{
+    FC_COUNT(cuMemsetD8_v2);
+    return memset8(dst, uc, n);
+}
+
+FC_API CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char uc, size_t n)
+{
+    FC_COUNT(cuMemsetD8_v2_ptds);
+    return memset8(dst, uc, n);
+}
 
 FC_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
