@@ -191,10 +191,19 @@ fn a_group_members_policy_share_reserve_and_headroom_are_reported() {
     assert!(!text.contains("group sharing"), "{text}");
     assert!(json(&["report", "--json", &p])["processes"][0]["group_policy"].is_null());
     // A trace is anybody's file: what it says is never printed as terminal control codes.
-    let evil = header.replace(r#""group_policy":"equal""#, r#""group_policy":"\u001b[31mred\nFAKE LINE""#).replace(r#""exe":"job""#, r#""exe":"j\u001b]0;owned\u0007ob""#);
+    let evil = header
+        .replace(r#""group_policy":"equal""#, r#""group_policy":"\u001b[31mred\nFAKE LINE""#)
+        .replace(r#""exe":"job""#, r#""exe":"j\u001b]0;owned\u0007ob""#)
+        .replace(r#""group":"team""#, r#""group":"te\u001b[2J\nFAKE GROUP""#);
+    // The leaked allocation's api is printed in the leak list.
+    let leak = ev(0, 10, "alloc", 0x1000, 1 << 20, 1 << 20).replace(r#""api":"cuMemAlloc_v2""#, r#""api":"cu\u001b]0;pwned\u0007\nFAKE API""#);
     let p = dir.join("evil.jsonl");
-    std::fs::write(&p, format!("{evil}\n{}\n{summary}\n", ev(0, 10, "alloc", 0x1000, 1 << 20, 1 << 20))).unwrap();
+    std::fs::write(&p, format!("{evil}\n{leak}\n{summary}\n")).unwrap();
     let text = ok(&["report", p.to_str().unwrap()]);
-    assert!(!text.contains('\u{1b}') && !text.contains("\nFAKE LINE"), "{text:?}");
+    assert!(!text.contains('\u{1b}') && !text.contains('\u{7}'), "{text:?}");
+    for forged in ["\nFAKE LINE", "\nFAKE GROUP", "\nFAKE API"] {
+        assert!(!text.contains(forged), "{forged:?} forged a line: {text:?}");
+    }
     assert!(text.contains("policy unknown") && text.contains("(j?]0;owned?ob)"), "{text}");
+    assert!(text.contains("group \"te?[2J?FAKE GROUP\"") && text.contains("cu?]0;pwned??FAKE API"), "{text}");
 }

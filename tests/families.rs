@@ -261,4 +261,23 @@ fn sparse_array_mappings_are_refused_before_the_driver_sees_them() {
     let off = Run::client("client_linked").env("VRAMCAP_DISABLE", "1").args([ops]).run();
     off.ok();
     assert_eq!(off.nth("calls", 0).num("n"), 1);
+    // No cap at all (a trace alone): nothing to get around, so it goes through, without a word.
+    let dir = std::env::temp_dir().join(format!("vramcap-families-sparse-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let free = Run::client("client_procaddr").env("VRAMCAP_TRACE", dir.join("t.jsonl")).args([ops]).run();
+    free.ok();
+    assert_eq!(rcs(&free, "maparray"), vec![801, 801], "the fake's own answer (no sparse support)");
+    assert_eq!(free.nth("calls", 0).num("n") + free.nth("calls", 1).num("n"), 2, "{}", free.stderr);
+    assert!(!free.stderr.contains("sparse array"), "{}", free.stderr);
+    // A group budget is a cap: refused.
+    let grouped = Run::client("client_procaddr")
+        .env("VRAMCAP_GROUP", "sparse")
+        .env("VRAMCAP_GROUP_LIMIT", "1g")
+        .env("VRAMCAP_GROUP_DIR", &dir)
+        .args([ops])
+        .run();
+    grouped.ok();
+    assert_eq!(grouped.nth("calls", 0).num("n") + grouped.nth("calls", 1).num("n"), 0, "{}", grouped.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
 }

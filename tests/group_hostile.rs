@@ -348,3 +348,30 @@ fn a_member_in_a_time_namespace_is_not_taken_for_dead() {
     }
     assert_eq!(used0(&m), 0, "dead, it is reclaimed");
 }
+
+/// `unshare(CLONE_NEWTIME)` without exec makes a namespace for the process's children only: the
+/// process stays in its own, but `/proc/self/timens_offsets` now shows the children's offsets.
+/// Read as its own, they shifted the start time the member recorded, and every observer took it
+/// for dead (its pid alive, its start time "wrong") and reclaimed its charge.
+#[test]
+fn a_member_that_made_a_time_namespace_for_its_children_only_keeps_its_charge() {
+    let ok = is_root() && Command::new("unshare").args(["-T", "--boottime", "100000", "true"]).status().is_ok_and(|s| s.success());
+    needs!(ok, "root and time namespaces (Linux 5.6)");
+    build_c();
+    let dir = private_group_dir();
+    let mut a = member("client_linked", &dir, "tns-children", Some("1g")).args(["timens 100000 init ctx 0 alloc 800m sleep 60000"]).spawn();
+    assert_eq!(a.wait_for("timens").rc(), 0, "unshare(CLONE_NEWTIME) and the offset write");
+    assert_eq!(a.wait_for("alloc").rc(), 0);
+    let m = ledger(&dir, "tns-children");
+    group::reclaim_in(m.shm);
+    assert_eq!(used0(&m), 800 * MIB, "an observer took the member for dead and reclaimed its charge");
+    let out = member("client_procaddr", &dir, "tns-children", None).args(["init ctx 0 alloc 800m"]).run();
+    assert_eq!(out.ok().nth("alloc", 0).rc(), 2, "1.6 GiB under a 1 GiB group: {}", out.stderr);
+    a.sigkill();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while used0(&m) != 0 && std::time::Instant::now() < deadline {
+        group::reclaim_in(m.shm);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(used0(&m), 0, "dead, it is reclaimed");
+}

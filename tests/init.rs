@@ -136,4 +136,15 @@ fn a_limit_that_cannot_be_resolved_shows_nothing_free() {
         assert!(out.stderr.contains("device 7 does not exist"), "{client}: {}", out.stderr);
     }
     assert!(shown > 0, "no client got a memory view to check");
+    // NVML's view agrees (both ABIs), after CUDA's init failed closed and before any CUDA call.
+    for ops in ["init ctx 0 cuinfo nvml 0 nvml2 0 alloc 1", "nvml 0 nvml2 0"] {
+        let out = Run::client("client_nvml").env("VRAMCAP_LIMIT", "7=2g").args([ops]).run();
+        // Both ABIs answer on an `nvml` line.
+        for n in 0..2 {
+            let l = out.nth("nvml", n);
+            assert_eq!(l.rc(), 0, "{ops}: {}", out.stderr);
+            assert_eq!(l.num("free"), 0, "{ops} #{n}: {}", out.stderr);
+            assert_eq!(l.num("used"), l.num("total"), "{ops} #{n}");
+        }
+    }
 }

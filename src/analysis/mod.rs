@@ -13,3 +13,10 @@ pub mod pickle;
 pub mod plot;
 pub mod policy;
 pub mod replay;
+
+/// What a trace or a client says, safe to print on a terminal: control characters (escape
+/// sequences, line breaks that would forge report lines) become `?`. Every string the analysis
+/// and `top` print from a file or a socket goes through here.
+pub fn printable(s: &str) -> String {
+    s.chars().map(|ch| if ch.is_control() { '?' } else { ch }).collect()
+}

@@ -3,6 +3,7 @@
 
 use super::merge::{Align, Merged};
 use super::stats::{Combined, DevStats, LIFETIME_BOUNDS, ProcStats};
+use super::printable;
 use super::trace::Names;
 use crate::size::human;
 use serde_json::{Value, json};
@@ -202,7 +203,6 @@ pub fn to_text(r: &Report) -> String {
     for (i, p) in r.procs.iter().enumerate() {
         let rd = &r.merged.readers[i];
         let h = &rd.header;
-        let printable = |s: &str| s.chars().map(|ch| if ch.is_control() { '?' } else { ch }).collect::<String>();
         let _ = writeln!(o, "process {} ({}) on {} — {}", h.pid, printable(&h.exe), printable(&h.host), rd.path.display());
         if p.devices.is_empty() {
             let _ = writeln!(o, "  no events");
@@ -211,7 +211,7 @@ pub fn to_text(r: &Report) -> String {
             let (limit, _) = limit_of(r, i, d.index);
             let mut cap = limit.map(|l| format!(", cap {}", human(l))).unwrap_or_default();
             if let Some(g) = group_limit_of(r, i, d.index) {
-                let name = h.group.as_deref().unwrap_or("?");
+                let name = printable(h.group.as_deref().unwrap_or("?"));
                 let _ = write!(cap, ", group \"{name}\" budget {}", human(g));
             }
             let (held_at_exit, dropped) = exit_truth(r, i, d.index);

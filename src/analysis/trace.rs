@@ -134,7 +134,8 @@ impl Names {
         if self.names.len() >= u16::MAX as usize {
             return u16::MAX - 1;
         }
-        self.names.push(String::from_utf8_lossy(s).into_owned());
+        // Printed by report and replay: a crafted name never reaches a terminal as escapes.
+        self.names.push(super::printable(&String::from_utf8_lossy(s)));
         (self.names.len() - 1) as u16
     }
     pub fn get(&self, id: u16) -> &str {

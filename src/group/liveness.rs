@@ -47,12 +47,30 @@ pub fn proc_start_of(who: &str) -> Option<(u64, bool)> {
 }
 
 /// This process's boot-time offset in clock ticks (0 outside a time namespace, or before 5.6).
+/// `/proc/self/timens_offsets` shows the offsets of the namespace the process's *children* get
+/// (`/proc/self/ns/time_for_children`): after `unshare(CLONE_NEWTIME)` without exec that is a new
+/// namespace the process itself is not in. Its offsets are then not ours: ours are those of the
+/// namespace we were in, which is the initial one (offset 0) in every case but a process that
+/// was already in a time namespace and made another — which has no way to learn its own.
 fn boottime_offset_ticks() -> i64 {
     static TICKS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
     *TICKS.get_or_init(|| {
+        let link = |p: &str| std::fs::read_link(p).ok();
+        if !offsets_are_ours(link("/proc/self/ns/time"), link("/proc/self/ns/time_for_children")) {
+            return 0;
+        }
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
         std::fs::read_to_string("/proc/self/timens_offsets").ok().as_deref().map_or(0, |t| parse_boottime_offset(t, hz))
     })
+}
+
+/// Whether `timens_offsets` describes our own namespace: our children's is ours. Without the
+/// links (no time namespaces, before 5.6) the file is absent too.
+pub fn offsets_are_ours(own: Option<std::path::PathBuf>, for_children: Option<std::path::PathBuf>) -> bool {
+    match (own, for_children) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    }
 }
 
 /// The `boottime SECONDS NANOSECONDS` line of `/proc/self/timens_offsets`, in ticks of `hz`.
@@ -209,6 +227,14 @@ mod tests {
         assert_eq!(parse_boottime_offset("monotonic 0 0\nboottime  100000 0\n", 100), 10_000_000);
         assert_eq!(parse_boottime_offset("monotonic 5 0\nboottime -2 500000000\n", 100), -150);
         assert_eq!(parse_boottime_offset("", 100), 0);
+    }
+
+    #[test]
+    fn the_offsets_file_is_ours_only_when_our_children_share_our_namespace() {
+        let p = |s: &str| Some(std::path::PathBuf::from(s));
+        assert!(offsets_are_ours(p("time:[4026531834]"), p("time:[4026531834]")));
+        assert!(!offsets_are_ours(p("time:[4026531834]"), p("time:[4026532611]")), "unshared for the children only");
+        assert!(offsets_are_ours(None, None), "no time namespaces: nothing to tell apart");
     }
 
     #[test]

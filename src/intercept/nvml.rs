@@ -36,15 +36,19 @@ fn cuda_ordinal(dev: nvmlDevice_t) -> Option<usize> {
 
 /// (total, free, used) as this process should see them, or `None` for the physical view.
 fn capped(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64, u64, u64)> {
-    if mode() != Mode::Enforce {
-        return None;
+    // Failed closed, nothing can be allocated: the view says so, as `cuMemGetInfo`'s does.
+    let nothing_free = Some((phys_total, 0, phys_total));
+    match mode() {
+        Mode::PassThrough => return None,
+        Mode::FailClosed => return nothing_free,
+        Mode::Enforce => {}
     }
     // Before CUDA is up the UUID match below has no CUDA to ask (and must not start it).
     if !super::nvml_early::cuda_is_up() {
         return super::nvml_early::capped(dev, phys_total, phys_free);
     }
     if ensure_limits().is_err() {
-        return None;
+        return nothing_free;
     }
     let d = cuda_ordinal(dev)?;
     // Capped by the process's own limit, its group's budget, or both.

@@ -114,10 +114,12 @@ pub fn capped(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64
     let ordinal = order.iter().position(|&i| gpus[i].handle == dev)?;
     let devices: Vec<DeviceInfo> =
         order.iter().map(|&i| DeviceInfo { total: gpus[i].total, uuid: gpus[i].uuid.clone() }).collect();
-    // A spec that does not resolve here fails CUDA initialisation later; NVML shows it as it is.
+    // A spec that does not resolve here fails CUDA initialisation later (nothing will be handed
+    // out): NVML says so now, as `cuMemGetInfo` will.
     let mut limit = 0u64;
     for spec in std::iter::once(&cfg.limits).chain(group) {
-        let l = spec.resolve(&devices).ok()?[ordinal];
+        let Ok(resolved) = spec.resolve(&devices) else { return Some((phys_total, 0, phys_total)) };
+        let l = resolved[ordinal];
         if l > 0 {
             limit = if limit == 0 { l } else { limit.min(l) };
         }

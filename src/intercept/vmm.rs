@@ -156,10 +156,11 @@ pub unsafe fn import_shareable(handle: *mut CUmemGenericAllocationHandle, os: *m
 /// when the memory goes. Until it does, the call is refused before the driver reads the list
 /// (`CUDA_ERROR_NOT_SUPPORTED`, what a device without sparse array support answers), with one
 /// line saying why: passing it through would let released memory outlive its charge.
-/// `VRAMCAP_DISABLE=1` passes it through with everything else.
+/// Where no cap applies (no process or group limit on any device: a trace alone, or nothing
+/// set) there is nothing to get around and the call goes through, as with `VRAMCAP_DISABLE=1`.
 pub unsafe fn map_array_async(info: *mut c_void, count: c_uint, stream: CUstream) -> CUresult {
     let Some(f) = real::cuMemMapArrayAsync() else { return MISSING_REAL };
-    if mode() == Mode::PassThrough {
+    if mode() == Mode::PassThrough || guarded(false, no_cap_applies) {
         return unsafe { f(info, count, stream) };
     }
     refuse_array_mapping(Hook::cuMemMapArrayAsync)
@@ -167,10 +168,19 @@ pub unsafe fn map_array_async(info: *mut c_void, count: c_uint, stream: CUstream
 
 pub unsafe fn map_array_async_ptsz(info: *mut c_void, count: c_uint, stream: CUstream) -> CUresult {
     let Some(f) = real::cuMemMapArrayAsync_ptsz() else { return MISSING_REAL };
-    if mode() == Mode::PassThrough {
+    if mode() == Mode::PassThrough || guarded(false, no_cap_applies) {
         return unsafe { f(info, count, stream) };
     }
     refuse_array_mapping(Hook::cuMemMapArrayAsync_ptsz)
+}
+
+/// Limits resolved, and none on any device, for the process or a group. Unsure (limits not
+/// resolved, a configuration that failed closed) is not "none".
+fn no_cap_applies() -> bool {
+    mode() == Mode::Enforce
+        && super::init::ensure_limits().is_ok()
+        && !crate::group::active()
+        && (0..crate::ledger::MAX_DEVICES).all(|d| crate::ledger::limit(d).is_none())
 }
 
 fn refuse_array_mapping(api: Hook) -> CUresult {

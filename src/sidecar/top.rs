@@ -58,7 +58,7 @@ pub fn render(state: &Value) -> String {
     for c in &clients {
         let pid = c.get("pid").and_then(Value::as_i64).unwrap_or(0);
         // A client's words: control characters (escape sequences, line breaks) never reach the terminal.
-        let exe: String = c.get("exe").and_then(Value::as_str).unwrap_or("?").chars().take(20).map(|ch| if ch.is_control() { '?' } else { ch }).collect();
+        let exe: String = crate::analysis::printable(c.get("exe").and_then(Value::as_str).unwrap_or("?")).chars().take(20).collect();
         let devices = c.get("devices").and_then(Value::as_array).cloned().unwrap_or_default();
         let shown: Vec<&Value> = devices
             .iter()

@@ -16,9 +16,15 @@
  *                            v2/v1, pitch, managed, VMM create/release, async alloc/free with
  *                            syncs, pool allocations, arrays, 3D arrays, mipmaps, host memory;
  *                            everything is freed and the pools trimmed at the end)
+ *   timens SECS           -> timens rc=N              (unshare(CLONE_NEWTIME) and a boot-time
+ *                            offset of SECS written, without exec: the new namespace is only
+ *                            the children's; this process stays in its own, and
+ *                            /proc/self/timens_offsets now shows the children's offsets)
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -428,6 +434,24 @@ static void op_soak(int t, unsigned long long n, unsigned long long seed)
     client_printf("soak ops=%llu ok=%llu oom=%llu other=%llu", n * (unsigned long long)t, ok, oom, other);
 }
 
+static void op_timens(long secs)
+{
+    int rc = 0;
+#ifdef CLONE_NEWTIME
+    if (unshare(CLONE_NEWTIME) != 0) {
+        rc = errno;
+    } else {
+        FILE *f = fopen("/proc/self/timens_offsets", "w");
+        if (!f || fprintf(f, "boottime %ld 0\n", secs) < 0 || fclose(f) != 0)
+            rc = errno ? errno : -1;
+    }
+#else
+    (void)secs;
+    rc = ENOSYS;
+#endif
+    printf("timens rc=%d\n", rc);
+}
+
 int client_fault_op(const char *op, int *i, int argc, char **argv,
                     unsigned long long (*new_slot)(unsigned long long))
 {
@@ -442,6 +466,8 @@ int client_fault_op(const char *op, int *i, int argc, char **argv,
         op_sigstorm((int)t, client_parse_size(NEXT()));
     } else if (!strcmp(op, "threadleak")) {
         op_threadleak(client_parse_size(NEXT()), new_slot);
+    } else if (!strcmp(op, "timens")) {
+        op_timens(client_parse_long(NEXT()));
     } else if (!strcmp(op, "soak")) {
         long t = client_parse_long(NEXT());
         unsigned long long n = client_parse_size(NEXT());
