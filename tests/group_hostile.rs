@@ -64,6 +64,15 @@ fn used0(m: &file::Mapping) -> u64 {
     m.shm.used(0)
 }
 
+/// Sweeps dead members (up to 10 s, as a sidecar would) until device 0's charge is `want`.
+fn reclaim_until(m: &file::Mapping, want: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while used0(m) != want && std::time::Instant::now() < deadline {
+        group::reclaim_in(m.shm);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn members_in_other_pid_namespaces_keep_their_charge_until_they_die() {
     needs!(can_unshare(), "root and unshare --pid");
@@ -94,11 +103,7 @@ fn members_in_other_pid_namespaces_keep_their_charge_until_they_die() {
         return;
     }
     // Like the `hostPID` sidecar, we see every namespace: the sweep gives A's charge back.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while used0(&m) != 0 && std::time::Instant::now() < deadline {
-        group::reclaim_in(m.shm);
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    reclaim_until(&m, 0);
     assert_eq!((used0(&m), m.shm.members()), (0, 0), "dead members are reclaimed across namespaces");
     let out = member("client_procaddr", &dir, "ns", None).args(["init ctx 0 alloc 256m"]).run();
     assert_eq!(out.ok().nth("alloc", 0).rc(), 0, "{}", out.stderr);
@@ -140,11 +145,7 @@ fn a_killed_member_is_reclaimed_while_its_namespace_lives() {
         })
         .expect("B on the host");
     unsafe { libc::kill(host_pid as i32, libc::SIGKILL) };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while used0(&m) != 50 * MIB && std::time::Instant::now() < deadline {
-        group::reclaim_in(m.shm);
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    reclaim_until(&m, 50 * MIB);
     assert_eq!(used0(&m), 50 * MIB, "B's 100 MiB back, the live member's 50 MiB kept");
     ns.sigkill();
 }
@@ -341,11 +342,7 @@ fn a_member_in_a_time_namespace_is_not_taken_for_dead() {
     group::reclaim_in(m.shm);
     assert_eq!(used0(&m), 800 * MIB, "an observer outside the time namespace reclaimed a live member");
     a.sigkill();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while used0(&m) != 0 && std::time::Instant::now() < deadline {
-        group::reclaim_in(m.shm);
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    reclaim_until(&m, 0);
     assert_eq!(used0(&m), 0, "dead, it is reclaimed");
 }
 
@@ -368,10 +365,6 @@ fn a_member_that_made_a_time_namespace_for_its_children_only_keeps_its_charge() 
     let out = member("client_procaddr", &dir, "tns-children", None).args(["init ctx 0 alloc 800m"]).run();
     assert_eq!(out.ok().nth("alloc", 0).rc(), 2, "1.6 GiB under a 1 GiB group: {}", out.stderr);
     a.sigkill();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while used0(&m) != 0 && std::time::Instant::now() < deadline {
-        group::reclaim_in(m.shm);
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    reclaim_until(&m, 0);
     assert_eq!(used0(&m), 0, "dead, it is reclaimed");
 }
