@@ -10,6 +10,9 @@
  *                                      exit handlers, vramcap's trace drain, process teardown
  *   startup_bench child FD   the measured process: the calls above, then writes its two
  *                            CLOCK_MONOTONIC stamps to FD and returns from main.
+ * With STARTUP_IDLE=1 the child calls no CUDA function at all (a shell, a compiler, a Python that
+ * never imports torch: what every process in a container with the preload pays): start_us is then
+ * fork to main, and exit_us main's return to waitpid returning.
  * Linked against libcuda (the fake driver) like client_linked. */
 #define _GNU_SOURCE
 #include "cuda_types.h"
@@ -30,6 +33,12 @@ static long long now_ns(void)
 static int child(int fd)
 {
     long long entered = now_ns();
+    const char *idle = getenv("STARTUP_IDLE");
+    if (idle && *idle == '1') {
+        dprintf(fd, "%lld %lld %lld %lld %lld\n", entered, now_ns(), entered, entered, entered);
+        close(fd);
+        return 0;
+    }
     CUdevice dev = 0;
     CUcontext ctx = NULL;
     CUdeviceptr p = 0;
