@@ -20,7 +20,8 @@
  *                           live_allocs=.. peak=.. total=..   (fake's own view)
  *   calls NAME           -> calls name=NAME n=N  (how often the fake's NAME ran: reached the driver)
  *   threads T N MAX SEED -> threads ok=A oom=O other=E
- *   bench N SIZE         -> bench ns_per_pair=X errors=E
+ *   bench N SIZE         -> bench ns_per_pair=X errors=E ns_per_pair_cpu=C (C: this process's
+ *                           CPU time, so time spent descheduled is not in it)
  *   sleep MS             -> sleep ok
  *   exitsleep MS         -> exitsleep ok; at exit (after handlers registered later, such as
  *                           vramcap's, have run) prints "exiting" and sleeps MS while still
@@ -273,10 +274,11 @@ static void op_threads(long nt, unsigned long long n, unsigned long long maxsize
 
 static void op_bench(unsigned long long n, unsigned long long size)
 {
-    struct timespec a, b;
+    struct timespec a, b, ca, cb;
     unsigned long long errors = 0;
-    double ns;
+    double ns, cpu;
 
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ca);
     clock_gettime(CLOCK_MONOTONIC, &a);
     for (unsigned long long i = 0; i < n; i++) {
         CUdeviceptr p = 0;
@@ -289,8 +291,11 @@ static void op_bench(unsigned long long n, unsigned long long size)
             errors++;
     }
     clock_gettime(CLOCK_MONOTONIC, &b);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cb);
     ns = (double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec);
-    out("bench ns_per_pair=%.1f errors=%llu", n ? ns / (double)n : 0.0, errors);
+    cpu = (double)(cb.tv_sec - ca.tv_sec) * 1e9 + (double)(cb.tv_nsec - ca.tv_nsec);
+    out("bench ns_per_pair=%.1f errors=%llu ns_per_pair_cpu=%.1f", n ? ns / (double)n : 0.0, errors,
+        n ? cpu / (double)n : 0.0);
 }
 
 static unsigned long long now_ns(void)
