@@ -18,7 +18,7 @@ use crate::hooks::Hook;
 use crate::sync::Lock;
 use std::cell::{Cell, UnsafeCell};
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// What happened, as the trace's `op` field names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,7 +222,9 @@ impl ThreadBuf {
     #[inline(never)]
     fn wait_for_room(&self, h: usize, tail_seen: &mut usize) -> bool {
         let mut nap = 20_000;
-        while WRITER_LIVE.load(Ordering::Acquire) {
+        // A child made without the atfork handlers (`_Fork()`, a raw `clone`) inherits
+        // WRITER_LIVE but not the writer: only a writer of this process is worth waiting for.
+        while WRITER_LIVE.load(Ordering::Acquire) && WRITER_OWNER.load(Ordering::Relaxed) == unsafe { libc::getpid() } {
             let ts = libc::timespec { tv_sec: 0, tv_nsec: nap };
             unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
             nap = (nap * 2).min(1_000_000);
@@ -269,6 +271,8 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 static LOSSLESS: AtomicBool = AtomicBool::new(false);
 /// A writer is running (or starting) and will drain the rings: what a lossless wait waits for.
 static WRITER_LIVE: AtomicBool = AtomicBool::new(false);
+/// The pid of the process whose writer [`WRITER_LIVE`] speaks of.
+static WRITER_OWNER: AtomicI32 = AtomicI32::new(0);
 static BUFFERS: Lock<Vec<&'static ThreadBuf>> = Lock::new(Vec::new());
 static WRITER_STARTED: AtomicBool = AtomicBool::new(false);
 /// Events the writer could not deliver (a failed write, nowhere to write). Those lost in a full
@@ -301,6 +305,9 @@ pub fn lossless() -> bool {
 /// Set by the trace module: true once a writer is started, false when it has drained for the
 /// last time (from then on a lossless wait would never end).
 pub fn set_writer_live(on: bool) {
+    if on {
+        WRITER_OWNER.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+    }
     WRITER_LIVE.store(on, Ordering::Release);
 }
 

@@ -450,3 +450,22 @@ fn suppressed_denials_are_counted_at_exit_and_in_the_summary() {
     assert!(!lines[0].contains("not shown") && lines[1].ends_with("(2 more denials not shown)"), "{}", out.stderr);
     assert!(!out.stderr.contains("more denial(s) not shown"), "{}", out.stderr);
 }
+
+/// A child made without the atfork handlers (`_Fork()`, a raw `clone`): lossless mode must not
+/// wait for a writer that exists only in the parent ("No thread waits ... when it never started").
+#[test]
+fn a_child_forked_without_atfork_handlers_never_waits_for_the_parents_writer() {
+    let dir = tmpdir("rawfork");
+    let path = dir.join("t-%p.jsonl");
+    let t0 = Instant::now();
+    let out = Run::client("client_linked")
+        .env("VRAMCAP_LIMIT", "8g")
+        .env("VRAMCAP_TRACE", &path)
+        .env("VRAMCAP_TRACE_MODE", "lossless")
+        // Parent has its writer running before the child is made; the child makes more events
+        // than one ring holds.
+        .args(["init ctx 0 alloc 1m rawfork 40000"])
+        .timeout(Duration::from_secs(30))
+        .run();
+    assert!(out.status.success() && out.nth("rawfork", 0).num("status") == 0, "child hung or failed after {:?}: {}\n{}", t0.elapsed(), out.stdout, out.stderr);
+}

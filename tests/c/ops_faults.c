@@ -16,6 +16,10 @@
  *                            v2/v1, pitch, managed, VMM create/release, async alloc/free with
  *                            syncs, pool allocations, arrays, 3D arrays, mipmaps, host memory;
  *                            everything is freed and the pools trimmed at the end)
+ *   exitbusy T MS         -> exitbusy exiting        (T threads allocate and free in a loop; after
+ *                            MS ms the main thread calls exit(0) while they still run)
+ *   rawfork N             -> rawfork status=N         (a child made by _Fork(), which runs no
+ *                            atfork handlers, does N alloc+free pairs and exits 0)
  *   timens SECS           -> timens rc=N              (unshare(CLONE_NEWTIME) and a boot-time
  *                            offset of SECS written, without exec: the new namespace is only
  *                            the children's; this process stays in its own, and
@@ -452,6 +456,32 @@ static void op_timens(long secs)
     printf("timens rc=%d\n", rc);
 }
 
+static void op_exitbusy(int t, long ms)
+{
+    start_busy(t, 0);
+    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+    client_printf("exitbusy exiting");
+    exit(0);
+}
+
+static void op_rawfork(unsigned long long n)
+{
+    fflush(stdout);
+    pid_t pid = _Fork();
+    if (pid == 0) {
+        for (unsigned long long k = 0; k < n; k++) {
+            CUdeviceptr d = 0;
+            if (A->cuMemAlloc_v2(&d, 4096) == CUDA_SUCCESS)
+                A->cuMemFree_v2(d);
+        }
+        _exit(0);
+    }
+    int st = -1;
+    waitpid(pid, &st, 0);
+    client_printf("rawfork status=%d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
 int client_fault_op(const char *op, int *i, int argc, char **argv,
                     unsigned long long (*new_slot)(unsigned long long))
 {
@@ -466,6 +496,11 @@ int client_fault_op(const char *op, int *i, int argc, char **argv,
         op_sigstorm((int)t, client_parse_size(NEXT()));
     } else if (!strcmp(op, "threadleak")) {
         op_threadleak(client_parse_size(NEXT()), new_slot);
+    } else if (!strcmp(op, "exitbusy")) {
+        long t = client_parse_long(NEXT());
+        op_exitbusy((int)t, client_parse_long(NEXT()));
+    } else if (!strcmp(op, "rawfork")) {
+        op_rawfork(client_parse_size(NEXT()));
     } else if (!strcmp(op, "timens")) {
         op_timens(client_parse_long(NEXT()));
     } else if (!strcmp(op, "soak")) {
