@@ -13,15 +13,24 @@ pub const MAX_DEVICES: usize = 64;
 const NO_LIMIT: u64 = u64::MAX;
 
 /// One cache line per device: threads charging different devices never share a line.
+///
+/// Two counts, because they answer different questions. `charged` is what the cap is decided on:
+/// memory that exists plus reservations for driver calls in flight (reserve before the call, so
+/// racing threads can never together pass the limit). `held` is memory that exists: added once
+/// the driver has handed it out, taken away before the driver is asked to free it. Everything
+/// reported (events' `used`, the summary's `used` and `peak`, the sidecar's snapshots) is `held`:
+/// a reservation for a call the driver refuses was never memory, and counting it made the peak of
+/// a process whose threads raced the driver's refusals higher than the device.
 #[repr(align(128))]
 struct Budget {
-    used: AtomicU64,
+    charged: AtomicU64,
+    held: AtomicU64,
     limit: AtomicU64,
     peak: AtomicU64,
 }
 
 static BUDGETS: [Budget; MAX_DEVICES] = [const {
-    Budget { used: AtomicU64::new(0), limit: AtomicU64::new(NO_LIMIT), peak: AtomicU64::new(0) }
+    Budget { charged: AtomicU64::new(0), held: AtomicU64::new(0), limit: AtomicU64::new(NO_LIMIT), peak: AtomicU64::new(0) }
 }; MAX_DEVICES];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,91 +79,145 @@ pub fn limit(dev: usize) -> Option<u64> {
     BUDGETS.get(dev).map(|b| b.limit.load(Ordering::Acquire)).filter(|&l| l != NO_LIMIT)
 }
 
+/// What this process holds on `dev`: memory the driver handed out and has not been asked to free.
 pub fn used(dev: usize) -> u64 {
-    BUDGETS.get(dev).map_or(0, |b| b.used.load(Ordering::Acquire))
+    BUDGETS.get(dev).map_or(0, |b| b.held.load(Ordering::Acquire))
 }
 
+/// What the cap counts on `dev`: [`used`] plus reservations for driver calls in flight (what
+/// `cuMemGetInfo` must not show as free).
+pub fn charged(dev: usize) -> u64 {
+    BUDGETS.get(dev).map_or(0, |b| b.charged.load(Ordering::Acquire))
+}
+
+/// The most this process held on `dev` at once.
 pub fn peak(dev: usize) -> u64 {
     BUDGETS.get(dev).map_or(0, |b| b.peak.load(Ordering::Acquire))
 }
 
 /// Charges `size` bytes to `dev` if that keeps it within the process's limit and then within
-/// its group's (one CAS each; the first is rolled back if the second refuses).
+/// its group's (one CAS each; the first is rolled back if the second refuses). A reservation:
+/// [`commit`] it once the driver has handed the memory out, [`unreserve`] it if not.
 #[inline]
 pub fn reserve(dev: usize, size: u64) -> Result<(), Denied> {
     reserve_local(dev, size)?;
     if crate::group::active()
         && let Err(d) = crate::group::reserve(dev, size)
     {
-        release_local(dev, size);
+        unreserve_local(dev, size);
         return Err(d);
     }
     Ok(())
 }
 
-/// Gives back a charge (a free, or a reservation whose driver call failed), to the process and
-/// to its group.
+/// Gives back a reservation that never became memory (the driver refused, or handed out less).
 #[inline]
-pub fn release(dev: usize, size: u64) {
-    release_local(dev, size);
+pub fn unreserve(dev: usize, size: u64) {
+    unreserve_local(dev, size);
     if crate::group::active() {
         crate::group::release(dev, size);
     }
+}
+
+/// The driver handed out `size` bytes reserved before the call: they are held from now on.
+#[inline]
+pub fn commit(dev: usize, size: u64) {
+    if let Some(b) = BUDGETS.get(dev) {
+        let now = b.held.fetch_add(size, Ordering::AcqRel).saturating_add(size);
+        // Read first: the read-modify-write is needed only when the mark moves.
+        if now > b.peak.load(Ordering::Relaxed) {
+            b.peak.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `size` bytes are about to be given back to the driver: no longer held (their charge stays
+/// until [`unreserve`] after the call, or [`commit`] puts them back if the call fails).
+#[inline]
+pub fn uncommit(dev: usize, size: u64) {
+    if let Some(b) = BUDGETS.get(dev) {
+        sub_saturating(&b.held, size);
+    }
+}
+
+/// Gives back memory that existed and is gone (a free, a context's end, a pool that shrank): no
+/// longer held, no longer charged, to the process and to its group.
+#[inline]
+pub fn release(dev: usize, size: u64) {
+    uncommit(dev, size);
+    unreserve(dev, size);
 }
 
 #[inline]
 fn reserve_local(dev: usize, size: u64) -> Result<(), Denied> {
     let Some(b) = BUDGETS.get(dev) else { return Ok(()) };
     let limit = b.limit.load(Ordering::Acquire);
-    let mut cur = b.used.load(Ordering::Relaxed);
+    let mut cur = b.charged.load(Ordering::Relaxed);
     loop {
         let next = match cur.checked_add(size) {
             Some(n) if n <= limit => n,
             _ => return Err(Denied { used: cur, limit, group: false, rule: crate::group::shm::Rule::Budget }),
         };
-        match b.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+        match b.charged.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
             Ok(_) => return Ok(()),
             Err(actual) => cur = actual,
         }
     }
 }
 
-/// Charges memory the driver already handed out (a pool that grew, a pitch wider than the bound we
-/// reserved): it exists whether or not it fits, so the charge must say so.
+/// Charges a reservation's shortfall that the driver already handed out (a pitch wider than the
+/// bound we reserved): it exists whether or not it fits. Not held until [`commit`].
 #[inline]
-pub fn charge(dev: usize, size: u64) {
+pub fn charge_reserved(dev: usize, size: u64) {
     if let Some(b) = BUDGETS.get(dev) {
-        b.used.fetch_add(size, Ordering::AcqRel);
-        note_peak(dev);
+        b.charged.fetch_add(size, Ordering::AcqRel);
     }
     if crate::group::active() {
         crate::group::charge(dev, size);
     }
 }
 
+/// Charges memory the driver already handed out without a reservation (a pool that grew): it
+/// exists whether or not it fits, so the charge must say so; held at once.
 #[inline]
-fn release_local(dev: usize, size: u64) {
-    if let Some(b) = BUDGETS.get(dev) {
-        // Never wrap below zero, even if a caller double-releases through a bug of ours.
-        let mut cur = b.used.load(Ordering::Relaxed);
-        loop {
-            let next = cur.saturating_sub(size);
-            match b.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return,
-                Err(actual) => cur = actual,
-            }
-        }
+pub fn charge(dev: usize, size: u64) {
+    charge_reserved(dev, size);
+    commit(dev, size);
+}
+
+/// Moves the ledger for memory the driver sizes itself (a pool's or the graphs' reserved bytes):
+/// their charge went from `old` to `now`, and the `reservation` made for the call that just
+/// returned is given back in the same step, so the charge moves once, by the net difference.
+pub fn settle(dev: usize, old: u64, now: u64, reservation: u64) {
+    let net = now as i128 - old as i128 - reservation as i128;
+    if net > 0 {
+        charge_reserved(dev, net as u64);
+    } else if net < 0 {
+        unreserve(dev, (-net) as u64);
+    }
+    if now > old {
+        commit(dev, now - old);
+    } else if old > now {
+        uncommit(dev, old - now);
     }
 }
 
-/// Records the high-water mark once an allocation has really happened.
 #[inline]
-pub fn note_peak(dev: usize) {
+fn unreserve_local(dev: usize, size: u64) {
     if let Some(b) = BUDGETS.get(dev) {
-        let used = b.used.load(Ordering::Relaxed);
-        // Read first: the read-modify-write is needed only when the mark moves.
-        if used > b.peak.load(Ordering::Relaxed) {
-            b.peak.fetch_max(used, Ordering::Relaxed);
+        sub_saturating(&b.charged, size);
+    }
+}
+
+/// Never wraps below zero, even if a caller double-releases through a bug of ours.
+#[inline]
+fn sub_saturating(a: &AtomicU64, size: u64) {
+    let mut cur = a.load(Ordering::Relaxed);
+    loop {
+        let next = cur.saturating_sub(size);
+        match a.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(actual) => cur = actual,
         }
     }
 }
@@ -348,11 +411,11 @@ mod tests {
         assert!(reserve(d, 60).is_ok());
         assert_eq!(reserve(d, 41), Err(Denied { used: 60, limit: 100, group: false, rule: crate::group::shm::Rule::Budget }));
         assert!(reserve(d, 40).is_ok());
-        assert_eq!(used(d), 100);
+        assert_eq!(charged(d), 100);
         release(d, 100);
-        assert_eq!(used(d), 0);
+        assert_eq!(charged(d), 0);
         release(d, 5);
-        assert_eq!(used(d), 0, "never below zero");
+        assert_eq!(charged(d), 0, "never below zero");
         set_limit(d, 0);
         assert_eq!(limit(d), None);
         assert!(reserve(d, u64::MAX / 2).is_ok());
@@ -378,7 +441,8 @@ mod tests {
             .map(|t| t.join().unwrap())
             .sum();
         assert!(granted <= 1000 && granted > 1000 - 7);
-        assert_eq!(used(d), granted);
+        assert_eq!(charged(d), granted);
+        assert_eq!(used(d), 0, "reservations are not memory until committed");
     }
 
     #[test]
@@ -421,10 +485,31 @@ mod tests {
     fn peak_tracks_the_high_water_mark() {
         let d = 42;
         reserve(d, 10).unwrap();
-        note_peak(d);
+        commit(d, 10);
         release(d, 10);
         reserve(d, 5).unwrap();
-        note_peak(d);
-        assert_eq!(peak(d), 10);
+        commit(d, 5);
+        assert_eq!((peak(d), used(d), charged(d)), (10, 5, 5));
+    }
+
+    #[test]
+    fn reservations_the_driver_refuses_are_never_held_nor_in_the_peak() {
+        let d = 43;
+        reserve(d, 100).unwrap();
+        commit(d, 100);
+        // Another thread's reservation, in flight while this one commits, then refused.
+        reserve(d, 900).unwrap();
+        reserve(d, 50).unwrap();
+        commit(d, 50);
+        unreserve(d, 900);
+        assert_eq!((used(d), charged(d), peak(d)), (150, 150, 150));
+        // A free: not held from before the driver call, not charged after it.
+        uncommit(d, 100);
+        assert_eq!((used(d), charged(d)), (50, 150));
+        unreserve(d, 100);
+        assert_eq!((used(d), charged(d), peak(d)), (50, 50, 150));
+        // A pool that grew by itself: charged and held at once.
+        charge(d, 30);
+        assert_eq!((used(d), charged(d), peak(d)), (80, 80, 150));
     }
 }

@@ -181,6 +181,43 @@ fn report_reads_only_this_jobs_process_tree() {
     assert!(!err.contains("all processes") && err.contains("100.0 MiB"), "{err}");
 }
 
+/// A process of the job that never uses CUDA (a shell, a launcher) writes no trace; the traces of
+/// the processes it starts are still this job's.
+#[test]
+fn report_follows_the_job_through_processes_that_write_no_trace() {
+    let d = scratch("run-report-launcher");
+    let tmpl = d.join("t-%p.jsonl").to_string_lossy().into_owned();
+    // The outer and the inner shell both fork (a command follows), neither uses CUDA.
+    let script = format!("sh -c '{} init ctx 0 alloc 100m; true'; true", client("client_procaddr"));
+    let out = run(&["run", "--limit", "1GiB", "--trace", &tmpl, "--report", "--", "sh", "-c", &script]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    let files: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(err.contains(&*files[0].to_string_lossy()) && err.contains("100.0 MiB"), "the job's only trace is not reported:\n{err}");
+}
+
+/// A process the job daemonizes (double fork + setsid) while the job waits for it is the job's:
+/// its parent is gone by the time it writes its header, so its `ppid` is no longer in the tree.
+#[test]
+fn report_keeps_a_process_the_job_daemonized() {
+    let d = scratch("run-report-daemon");
+    let tmpl = d.join("t-%p.jsonl").to_string_lossy().into_owned();
+    let done = d.join("done");
+    let script = format!(
+        "(setsid sh -c 'sleep 0.3; {c} init ctx 0 alloc 100m; touch {done}' </dev/null >/dev/null 2>&1 &); \
+         for i in $(seq 100); do [ -e {done} ] && exit 0; sleep 0.1; done; exit 1",
+        c = client("client_procaddr"),
+        done = done.display()
+    );
+    let out = run(&["run", "--limit", "1GiB", "--trace", &tmpl, "--report", "--", "sh", "-c", &script]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    let files: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "jsonl")).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(err.contains(&*files[0].to_string_lossy()) && err.contains("100.0 MiB"), "the daemonized process's trace is not reported:\n{err}");
+}
+
 #[test]
 fn report_without_trace_uses_a_temporary_one() {
     let out = run(&["run", "--limit", "1GiB", "--report", "--", &client("client_procaddr"), "init", "ctx", "0", "alloc", "2g"]);
@@ -212,6 +249,33 @@ fn bad_input_fails_with_exit_2_naming_it() {
     let out = clean_vramcap(&["run", "--", "true"]).env("VRAMCAP_LIMIT", "lots").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("VRAMCAP_LIMIT (from the environment)"), "{}", text(&out.stderr));
+    // A job id `run` would pass on to the job's trace headers: checked before the job starts.
+    let out = clean_vramcap(&["run", "--report", "--", "sh", "-c", "echo started"]).env("VRAMCAP_JOB", "a b").output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("VRAMCAP_JOB=\"a b\" in the environment") && err.contains("expected 1 to 128 characters"), "{err}");
+    assert!(!text(&out.stdout).contains("started"), "the job must not have run");
+}
+
+/// Every process of a traced job gets one job id: a fresh one, or the launcher's own.
+#[test]
+fn a_traced_job_gets_a_job_id_for_its_trace_headers() {
+    let dir = scratch("job-id");
+    let t = dir.join("t-%p.jsonl");
+    let t = t.to_str().unwrap();
+    let echo = ["sh", "-c", "echo \"$VRAMCAP_JOB\""];
+    let fresh = |_: u8| {
+        let out = clean_vramcap(&[&["run", "--trace", t, "--"][..], &echo[..]].concat()).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout).trim().to_string()
+    };
+    let (a, b) = (fresh(0), fresh(1));
+    assert!(a.starts_with("run-") && a.len() == 36 && a[4..].bytes().all(|c| c.is_ascii_hexdigit()), "{a}");
+    assert_ne!(a, b, "each run its own id");
+    let out = clean_vramcap(&[&["run", "--trace", t, "--"][..], &echo[..]].concat()).env("VRAMCAP_JOB", "train-42").output().unwrap();
+    assert_eq!(text(&out.stdout).trim(), "train-42", "the launcher's id is kept");
+    let out = clean_vramcap(&[&["run", "--"][..], &echo[..]].concat()).output().unwrap();
+    assert_eq!(text(&out.stdout).trim(), "", "no trace, no id");
 }
 
 #[test]

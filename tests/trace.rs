@@ -469,3 +469,29 @@ fn a_child_forked_without_atfork_handlers_never_waits_for_the_parents_writer() {
         .run();
     assert!(out.status.success() && out.nth("rawfork", 0).num("status") == 0, "child hung or failed after {:?}: {}\n{}", t0.elapsed(), out.stdout, out.stderr);
 }
+
+/// The summary's `peak` is exact (docs/configuration.md "Tracing"): what the process really held
+/// at most. 8 threads allocate on a device of 64 MiB (the driver refuses the rest): whatever they
+/// held at once fits in 64 MiB, so the peak cannot be above it. A thread's reservation for a call
+/// that the driver then refuses must not count.
+#[test]
+fn the_summary_peak_never_counts_allocations_the_driver_refused() {
+    let dir = tmpdir("peak-oom");
+    let path = dir.join("t.jsonl");
+    let out = Run::client("client_linked")
+        .env("FAKECUDA_MEM", "64m")
+        .env("VRAMCAP_TRACE", &path)
+        .args(["init ctx 0 threads 8 20000 48m 1"])
+        .run();
+    out.ok();
+    assert!(out.nth("threads", 0).num("oom") > 0, "the driver refused some: {}", out.stdout);
+    let t = read_trace(&path);
+    let s = t.last().unwrap();
+    assert_eq!(s["type"], "summary");
+    let peak = s["peak"]["0"].as_u64().unwrap();
+    assert!(peak <= 64 * MIB, "summary peak {peak} bytes on a device of {} bytes: {s}", 64 * MIB);
+    // Each event's `used` (what analysis takes peaks from) is what the process held: never more
+    // than the device either.
+    let most = t.iter().filter(|e| e["type"] == "event").filter_map(|e| e["used"].as_u64()).max().unwrap();
+    assert!(most <= 64 * MIB, "an event says {most} bytes used on a device of {} bytes", 64 * MIB);
+}

@@ -7,7 +7,8 @@
 //! - Start: the reserve is claimed if held + r <= L - H, else it is refused (the member runs with
 //!   reserve 0). A member starting while the others hold memory (Σ c > 0 on any device) and
 //!   nobody holds the headroom becomes its holder, for every device, until it ends.
-//! - Allocation of s: t = min(s, u_m); granted iff held - t + s <= L - H (holder: <= L).
+//! - Allocation of s: t = min(s, u_m); granted iff t = s (all from its own reserve) or
+//!   held - t + s <= L - H (holder: <= L).
 //!   `equal` also needs c_m + s <= (L - H) / N (+ H for the holder), N live members; `priority`
 //!   may cover a shortfall from the unmet reserves of strictly lower-priority members (lowest
 //!   priority first, then the latest started), all or nothing.
@@ -276,7 +277,10 @@ impl Sim {
         };
         lower.sort_by_key(|&j| (self.priority[j], std::cmp::Reverse(self.rank[j])));
         let takeable: u64 = lower.iter().map(|&j| d.u[j]).sum();
-        if new_held > cap {
+        // All of it from the member's own unmet reserve: already counted in `held` and kept for
+        // it whatever the others hold (even past the budget, when the headroom's holder uses the
+        // headroom), as `group::admit` grants it: no budget check, only `equal`'s share below.
+        if s > d.u[i] && new_held > cap {
             let need = new_held - cap;
             if takeable < need {
                 let higher: u64 = if policy == Policy::Priority { live.iter().filter(|&&j| self.priority[j] > pi).map(|&j| d.u[j]).sum() } else { 0 };

@@ -124,11 +124,29 @@ fn variables(a: &RunArgs, trace: Option<&str>, sidecar: Option<&str>) -> Result<
     check_devices(&specs, a)?;
     if let Some(t) = trace {
         set.push(("VRAMCAP_TRACE", t.to_string()));
+        set.push(("VRAMCAP_JOB", job_id()?));
     }
     if let Some(s) = sidecar {
         set.push(("VRAMCAP_SIDECAR", s.to_string()));
     }
     Ok(set)
+}
+
+/// The job's id for its trace headers (`--report` finds the job's traces by it): the one in the
+/// environment if there is one (a launcher's name for the job), else a fresh random one.
+fn job_id() -> Result<String, String> {
+    if let Some(v) = std::env::var_os("VRAMCAP_JOB") {
+        let v = v.to_string_lossy();
+        return crate::grammar::job::parse(&v)
+            .map(str::to_string)
+            .map_err(|why| format!("VRAMCAP_JOB={v:?} in the environment: {why}; expected {}", crate::grammar::job::FORM));
+    }
+    let mut b = [0u8; 16];
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| format!("cannot read /dev/urandom for the job's id: {e}"))?;
+    Ok(format!("run-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()))
 }
 
 /// A relative path made absolute, so a job that changes directory still writes where we read.
@@ -224,7 +242,8 @@ pub fn main(a: RunArgs) -> Result<(), String> {
     }
     let status = child.wait().map_err(|e| format!("waiting for the command: {e}"))?;
     if let Some(t) = trace.as_deref().filter(|_| a.report) {
-        print_report(t, started, tmp.is_some(), child.id());
+        let job = vars.iter().find(|(k, _)| *k == "VRAMCAP_JOB").map(|(_, v)| v.as_str());
+        print_report(t, started, tmp.is_some(), child.id(), job);
     }
     if let Some(d) = tmp {
         let _ = std::fs::remove_dir_all(d);
@@ -233,9 +252,9 @@ pub fn main(a: RunArgs) -> Result<(), String> {
 }
 
 /// The report goes to stderr: the job's stdout stays the job's.
-/// Only this job's traces: written since it started, by its process or its descendants.
-fn print_report(template: &str, since: std::time::SystemTime, temporary: bool, root: u32) {
-    let files = match traces::find(template, since).map(|f| traces::of_tree(f, root)) {
+/// Only this job's traces: written since it started, carrying its id or by its process tree.
+fn print_report(template: &str, since: std::time::SystemTime, temporary: bool, root: u32, job: Option<&str>) {
+    let files = match traces::find(template, since).map(|f| traces::of_tree(f, root, job)) {
         Ok(f) if !f.is_empty() => f,
         Ok(_) => {
             eprintln!("vramcap run: --report: no trace matching {template} was written (did the command use CUDA?)");

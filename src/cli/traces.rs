@@ -86,35 +86,57 @@ pub fn find(template: &str, since: SystemTime) -> Result<Vec<PathBuf>, String> {
     Ok(out)
 }
 
-/// The pid and parent pid in a trace's header (its first line), if it has one.
-fn header_ids(path: &Path) -> Option<(u32, u32)> {
+/// What a trace's header (its first line) says about who wrote it.
+struct Ids {
+    pid: u32,
+    ppid: u32,
+    job: Option<String>,
+}
+
+fn header_ids(path: &Path) -> Option<Ids> {
     use std::io::{BufRead, Read};
     let f = std::fs::File::open(path).ok()?;
     let mut first = String::new();
     std::io::BufReader::new(f.take(1 << 20)).read_line(&mut first).ok()?;
     let v: serde_json::Value = serde_json::from_str(&first).ok()?;
     (v.get("type")?.as_str()? == "header").then_some(())?;
-    Some((u32::try_from(v.get("pid")?.as_u64()?).ok()?, u32::try_from(v.get("ppid")?.as_u64()?).ok()?))
+    Some(Ids {
+        pid: u32::try_from(v.get("pid")?.as_u64()?).ok()?,
+        ppid: u32::try_from(v.get("ppid")?.as_u64()?).ok()?,
+        job: v.get("job").and_then(|j| j.as_str()).map(str::to_string),
+    })
 }
 
-/// Of `files`, those written by `root` and its descendants (by the pid and parent pid in their
-/// headers): another job writing to the same template at the same time is not this job.
-pub fn of_tree(files: Vec<PathBuf>, root: u32) -> Vec<PathBuf> {
-    let ids: Vec<Option<(u32, u32)>> = files.iter().map(|f| header_ids(f)).collect();
+/// Of `files`, those this job wrote: every trace whose header carries the job's id (`job`, the
+/// `VRAMCAP_JOB` that `vramcap run` gave it; this finds processes behind a shell or `make` that
+/// wrote no trace, and children that daemonized), and those written by `root` and its
+/// descendants by the pid and parent pid in their headers (a process that lost the id: a program
+/// that cleared its environment). Another job writing to the same template at the same time has
+/// another id and is not a descendant.
+pub fn of_tree(files: Vec<PathBuf>, root: u32, job: Option<&str>) -> Vec<PathBuf> {
+    let ids: Vec<Option<Ids>> = files.iter().map(|f| header_ids(f)).collect();
+    let ours = |i: &Ids| job.is_some() && i.job.as_deref() == job;
     let mut tree = std::collections::BTreeSet::from([root]);
+    tree.extend(ids.iter().flatten().filter(|i| ours(i)).map(|i| i.pid));
     // Parents appear before children in no particular file order: grow to a fixed point.
     loop {
         let before = tree.len();
-        for &(pid, ppid) in ids.iter().flatten() {
-            if tree.contains(&ppid) {
-                tree.insert(pid);
+        for i in ids.iter().flatten() {
+            // A trace with another job's id is that job's, whoever its parent was.
+            if tree.contains(&i.ppid) && (i.job.is_none() || ours(i)) {
+                tree.insert(i.pid);
             }
         }
         if tree.len() == before {
             break;
         }
     }
-    files.into_iter().zip(ids).filter(|(_, id)| id.is_some_and(|(pid, _)| tree.contains(&pid))).map(|(f, _)| f).collect()
+    files
+        .into_iter()
+        .zip(ids)
+        .filter(|(_, id)| id.as_ref().is_some_and(|i| ours(i) || (tree.contains(&i.pid) && (i.job.is_none() || ours(i)))))
+        .map(|(f, _)| f)
+        .collect()
 }
 
 #[cfg(test)]
@@ -133,9 +155,30 @@ mod tests {
             std::fs::write(&f, format!("{{\"type\":\"header\",\"version\":1,\"pid\":{pid},\"ppid\":{ppid}}}\n")).unwrap();
             files.push(f);
         }
-        let mut kept: Vec<String> = of_tree(files, 100).iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        let mut kept: Vec<String> = of_tree(files, 100, None).iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
         kept.sort();
         assert_eq!(kept, ["t-100.jsonl", "t-200.jsonl", "t-300.jsonl"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn of_tree_keeps_every_trace_with_the_jobs_id() {
+        let d = std::env::temp_dir().join(format!("vramcap-traces-job-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let mut files = Vec::new();
+        // 400: the job's, behind a shell (pid 350) that wrote no trace; 500: daemonized (ppid 1);
+        // 600: its child, without the id (its environment was cleared); 700: a child of the
+        // job's root carrying another job's id; 900: another job.
+        for (pid, ppid, job) in [(400, 350, Some("J")), (500, 1, Some("J")), (600, 500, None), (700, 100, Some("K")), (900, 1, Some("K"))] {
+            let f = d.join(format!("t-{pid}.jsonl"));
+            let job = job.map(|j| format!(",\"job\":\"{j}\"")).unwrap_or_default();
+            std::fs::write(&f, format!("{{\"type\":\"header\",\"version\":1,\"pid\":{pid},\"ppid\":{ppid}{job}}}\n")).unwrap();
+            files.push(f);
+        }
+        let mut kept: Vec<String> = of_tree(files, 100, Some("J")).iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        kept.sort();
+        assert_eq!(kept, ["t-400.jsonl", "t-500.jsonl", "t-600.jsonl"]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

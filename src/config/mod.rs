@@ -39,6 +39,9 @@ pub struct Config {
     /// `VRAMCAP_TRACE_MODE=lossless`: a thread whose event ring is full waits for the writer
     /// instead of dropping the event (`drop`, the default, never makes the job wait).
     pub lossless: bool,
+    /// `VRAMCAP_JOB`: the job this process belongs to, written into its trace header (`vramcap
+    /// run` sets a fresh one, so its report finds every trace of the job and no other's).
+    pub job: Option<String>,
     /// Set when any input was invalid: we then fail closed (nothing is handed out uncapped).
     pub error: Option<ConfigError>,
     /// Non-fatal problems to print once.
@@ -108,7 +111,18 @@ impl Config {
                 }
             },
         };
-        Config { disabled, log_level, limits, group, real_libcuda, trace, sidecar, lossless, error, warnings, ceiling: None }
+        let job = get("VRAMCAP_JOB").and_then(|v| match crate::grammar::job::parse(v) {
+            Ok(id) => Some(id.to_string()),
+            Err(why) => {
+                // Only which traces belong together is at stake, never the cap: warn, keep going.
+                warnings.push(format!(
+                    "ignoring VRAMCAP_JOB={v:?}: {why}; expected {}; the trace carries no job id",
+                    crate::grammar::job::FORM
+                ));
+                None
+            }
+        });
+        Config { disabled, log_level, limits, group, real_libcuda, trace, sidecar, lossless, job, error, warnings, ceiling: None }
     }
 
     /// What a panicking parse leaves: an error, so CUDA initialisation fails instead of running
@@ -244,6 +258,16 @@ mod tests {
         let c = cfg(&[("VRAMCAP_LOG", "loud")]);
         assert_eq!(c.log_level, Level::Warn);
         assert_eq!(c.warnings.len(), 1);
+    }
+
+    #[test]
+    fn job_id() {
+        assert_eq!(cfg(&[("VRAMCAP_JOB", " 7f3a-run ")]).job.as_deref(), Some("7f3a-run"));
+        assert_eq!(cfg(&[]).job, None);
+        let c = cfg(&[("VRAMCAP_JOB", "a b")]);
+        assert_eq!(c.job, None);
+        assert!(c.error.is_none(), "never fails closed: only the trace's grouping is at stake");
+        assert!(c.warnings[0].contains("VRAMCAP_JOB=\"a b\"") && c.warnings[0].contains("it contains ' '"), "{:?}", c.warnings);
     }
 
     #[test]

@@ -8,5 +8,6 @@
 
 pub mod group;
 pub mod group_name;
+pub mod job;
 pub mod limits;
 pub mod size;

@@ -131,11 +131,11 @@ pub fn alloc_settled(
                 if t.rc == CUDA_SUCCESS {
                     let (key, real) = read();
                     if real > size {
-                        ledger::charge(dev, real - size);
+                        ledger::charge_reserved(dev, real - size);
                     } else if real < size {
-                        ledger::release(dev, size - real);
+                        ledger::unreserve(dev, size - real);
                     }
-                    ledger::note_peak(dev);
+                    ledger::commit(dev, real);
                     let charge = Charge { dev: dev as u16, size: real, ctx };
                     // An entry already under this key is an allocation whose free we never saw:
                     // the driver has reused the address, so that charge is gone.
@@ -144,7 +144,8 @@ pub fn alloc_settled(
                     }
                     emit(Op::Alloc, api, dev as i32, key, real, t, ledger::used(dev));
                 } else {
-                    ledger::release(dev, size);
+                    // Never memory: the reservation goes, `held` and the peak never saw it.
+                    ledger::unreserve(dev, size);
                     emit(Op::Fail, api, dev as i32, 0, size, t, ledger::used(dev));
                 }
             });
@@ -155,13 +156,23 @@ pub fn alloc_settled(
 
 /// Take the entry out before the driver frees (so a racing allocation that gets the same key
 /// cannot have its entry removed by us), release after success, put it back after failure.
+/// The bytes stop counting as held before the call too: once the driver has the free, another
+/// thread can be handed the same memory, and both must never count at once (the peak would
+/// exceed what existed). Their charge stays until the call returned, so the cap never counts
+/// them out early.
 /// Keys we never charged go to the driver untouched. A stream-ordered pointer (a kind that is not
 /// charged itself) is charged through its pool: after its free the pool's holding is re-read.
 pub fn free(api: Hook, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
     if mode() == Mode::PassThrough {
         return call();
     }
-    let taken = guarded(None, || ledger::take(kind, key));
+    let taken = guarded(None, || {
+        let c = ledger::take(kind, key);
+        if let Some(c) = c.filter(|_| kind.charged()) {
+            ledger::uncommit(c.dev as usize, c.size);
+        }
+        c
+    });
     // Stamped when the call began (an allocation is stamped when its call returned): once the
     // driver has the free, another thread can be handed the same address, and that allocation's
     // event must not come out earlier than this free.
@@ -169,13 +180,16 @@ pub fn free(api: Hook, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) ->
     guarded((), || match taken {
         Some(c) if t.rc == CUDA_SUCCESS => {
             if kind.charged() {
-                ledger::release(c.dev as usize, c.size);
+                ledger::unreserve(c.dev as usize, c.size);
             } else {
                 super::pool::refresh_device(c.dev as usize);
             }
             emit(Op::Free, api, c.dev as i32, key, c.size, t, ledger::used(c.dev as usize));
         }
         Some(c) => {
+            if kind.charged() {
+                ledger::commit(c.dev as usize, c.size);
+            }
             ledger::insert(kind, key, c);
             emit(Op::Fail, api, c.dev as i32, key, 0, t, ledger::used(c.dev as usize));
         }

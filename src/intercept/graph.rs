@@ -53,7 +53,7 @@ fn seen() {
 /// the same step. When the driver cannot say, the reservation stays charged.
 fn settle(dev: usize, reservation: u64) -> i64 {
     let Some(f) = import::cuDeviceGetGraphMemAttribute() else {
-        ledger::release(dev, reservation);
+        ledger::unreserve(dev, reservation);
         return 0;
     };
     let Some(cell) = CHARGED.get(dev) else { return 0 };
@@ -62,15 +62,11 @@ fn settle(dev: usize, reservation: u64) -> i64 {
     let rc = unsafe { f(dev as CUdevice, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, (&mut now as *mut u64).cast::<c_void>()) };
     if rc != CUDA_SUCCESS {
         cell.fetch_add(reservation, Ordering::AcqRel);
+        ledger::commit(dev, reservation);
         return reservation as i64;
     }
     let old = cell.swap(now, Ordering::AcqRel);
-    let net = now as i128 - old as i128 - reservation as i128;
-    if net > 0 {
-        ledger::charge(dev, net as u64);
-    } else if net < 0 {
-        ledger::release(dev, (-net) as u64);
-    }
+    ledger::settle(dev, old, now, reservation);
     now as i64 - old as i64
 }
 
@@ -249,7 +245,7 @@ fn plan(api: Hook, exec: CUgraphExec) -> Plan {
         let (d, bytes) = want[i];
         if let Err(denied) = super::pressure::reserve(d as usize, bytes) {
             for &(u, b) in &want[..i] {
-                ledger::release(u as usize, b);
+                ledger::unreserve(u as usize, b);
             }
             let scope = if denied.group { crate::group::name() } else { None };
             crate::log::denied_in(crate::hooks::info(api).name, d as usize, bytes, &denied, scope);

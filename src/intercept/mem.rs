@@ -62,11 +62,11 @@ pub unsafe fn free_v1(ptr: CUdeviceptr_v1) -> CUresult {
 }
 
 /// The capped view of one device: for each cap that applies (the process's, the group's),
-/// total = min(limit, physical) and free = min(physical free, total − used); the view is the
+/// total = min(limit, physical) and free = min(physical free, total − charged); the view is the
 /// tightest of them. Never above physical, never negative. In group mode free is what this
 /// member could get from the group now (its policy, reserves and headroom: `group::room`).
 pub fn virtual_info(dev: usize, phys_free: u64, phys_total: u64) -> (u64, u64) {
-    let own = ledger::limit(dev).map(|l| (l, ledger::used(dev)));
+    let own = ledger::limit(dev).map(|l| (l, ledger::charged(dev)));
     [own, crate::group::room(dev)].into_iter().flatten().fold((phys_free, phys_total), |(free, total), (l, used)| {
         let t = l.min(phys_total);
         (free.min(t.saturating_sub(used)), total.min(t))

@@ -128,7 +128,7 @@ pub fn capped(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64
         return None;
     }
     let total = limit.min(phys_total);
-    let free = phys_free.min(total.saturating_sub(ledger::used(ordinal)));
+    let free = phys_free.min(total.saturating_sub(ledger::charged(ordinal)));
     Some((total, free, total - free))
 }
 

@@ -197,22 +197,18 @@ pub fn settle(p: &Pool, reservation: u64) -> i64 {
     }
     let (Some(handle), Some(dev)) = (p.handle(), p.device()) else {
         if let Some(dev) = p.device() {
-            ledger::release(dev, reservation);
+            ledger::unreserve(dev, reservation);
         }
         return 0;
     };
     let _g = SETTLE.lock();
     let Some(now) = attribute(handle, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) else {
         p.charged.fetch_add(reservation, Ordering::AcqRel);
+        ledger::commit(dev, reservation);
         return reservation as i64;
     };
     let old = p.charged.swap(now, Ordering::AcqRel);
-    let net = now as i128 - old as i128 - reservation as i128;
-    if net > 0 {
-        ledger::charge(dev, net as u64);
-    } else if net < 0 {
-        ledger::release(dev, (-net) as u64);
-    }
+    ledger::settle(dev, old, now, reservation);
     now as i64 - old as i64
 }
 

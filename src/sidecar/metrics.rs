@@ -80,7 +80,7 @@ pub fn render(r: &Registry) -> String {
     let gauges: [(&str, &str, Pick); 5] = [
         ("vramcap_memory_used_bytes", "Device memory charged to the process now.", |d| Some(d.used)),
         ("vramcap_memory_limit_bytes", "The process's cap on the device (absent when uncapped).", |d| d.limit),
-        ("vramcap_memory_peak_bytes", "Highest charge of the process on the device.", |d| Some(d.peak)),
+        ("vramcap_memory_peak_bytes", "The most the process held on the device at once.", |d| Some(d.peak)),
         ("vramcap_group_memory_limit_bytes", "The budget of the process's group on the device (group members only).", |d| d.group_limit),
         ("vramcap_group_memory_used_bytes", "All members of the process's group together on the device, as this member last saw it.", |d| d.group_used),
     ];

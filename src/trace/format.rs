@@ -119,6 +119,9 @@ pub struct Header {
     pub group_priority: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group_holds_headroom: Option<bool>,
+    /// `VRAMCAP_JOB`, when set: the job this process belongs to (`vramcap run` sets one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
 }
 
 pub fn json_line(buf: &mut Vec<u8>, v: &impl serde::Serialize) {

@@ -218,6 +218,7 @@ fn header() -> Header {
         group_policy: member.as_ref().map(|m| m.policy),
         group_priority: member.as_ref().map(|m| m.priority),
         group_holds_headroom: member.as_ref().map(|m| m.holds_headroom),
+        job: config::get().job.clone(),
     }
 }
 
