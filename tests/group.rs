@@ -279,19 +279,20 @@ fn a_group_denial_in_a_members_trace_keeps_used_to_the_process() {
     let trace = dir.join("b.jsonl");
     let out = member("client_procaddr", &dir, "trace", None)
         .env("VRAMCAP_TRACE", &trace)
-        .args(["init ctx 0 alloc 256m alloc 1g async 1g free 0"])
+        .args(["init ctx 0 alloc 256m alloc 1g async 1g graph 0 1g 1 0 glaunch 0 free 0"])
         .run();
     a.sigkill();
     out.ok();
     assert_eq!(out.nth("alloc", 1).rc(), 2, "{}", out.stderr);
     assert_eq!(out.nth("async", 0).rc(), 2, "a pool's growth refused by the group: {}", out.stdout);
+    assert_eq!(out.nth("glaunch", 0).rc(), 2, "a graph's memory refused by the group: {}", out.stdout);
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&trace).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let header = &lines[0];
     assert_eq!(header["group"], "trace");
     assert_eq!(header["devices"][0]["group_limit"], 1536 * MIB);
     let ev: Vec<&serde_json::Value> = lines.iter().filter(|l| l["type"] == "event").collect();
     let denies: Vec<_> = ev.iter().filter(|e| e["op"] == "deny").collect();
-    assert_eq!(denies.len(), 2, "{denies:?}");
+    assert_eq!(denies.len(), 3, "{denies:?}");
     for deny in denies {
         assert_eq!(deny["used"], 256 * MIB, "the process's own charge: {deny}");
         assert_eq!(deny["group_used"], 1280 * MIB, "{deny}");
@@ -301,7 +302,7 @@ fn a_group_denial_in_a_members_trace_keeps_used_to_the_process() {
     let s = lines.last().unwrap();
     assert_eq!(s["type"], "summary");
     assert_eq!(s["peak"]["0"], 256 * MIB);
-    assert_eq!(s["denied"]["0"], 2);
+    assert_eq!(s["denied"]["0"], 3);
     assert_eq!(s["group"]["name"], "trace");
     assert_eq!(s["group"]["limit"]["0"], 1536 * MIB);
 }

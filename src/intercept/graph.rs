@@ -249,7 +249,7 @@ fn plan(api: Hook, exec: CUgraphExec) -> Plan {
             }
             let scope = if denied.group { crate::group::name() } else { None };
             crate::log::denied_in(crate::hooks::info(api).name, d as usize, bytes, &denied, scope);
-            return Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, d as i32, bytes, denied.used);
+            return Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, d as i32, bytes, ledger::used(d as usize));
         }
     }
     Plan::Go { reserved: want, n, all: more }
