@@ -327,6 +327,16 @@ pub fn take(kind: Kind, key: u64) -> Option<Charge> {
     shard(kind, key).lock().as_mut()?.remove(&key)
 }
 
+/// What a live entry of a kind kept in the locked maps (not device pointers) was charged, left in
+/// place.
+pub fn peek(kind: Kind, key: u64) -> Option<Charge> {
+    debug_assert!(kind != Kind::DevicePtr);
+    if !OVERFLOW_USED[kind as usize].load(Ordering::Relaxed) {
+        return None;
+    }
+    shard(kind, key).lock().as_ref()?.get(&key).copied()
+}
+
 /// Whether a kind's locked map ever held anything (lets `take` skip the lock for pointers).
 static OVERFLOW_USED: [AtomicBool; KINDS] = [const { AtomicBool::new(false) }; KINDS];
 

@@ -495,3 +495,63 @@ fn the_summary_peak_never_counts_allocations_the_driver_refused() {
     let most = t.iter().filter(|e| e["type"] == "event").filter_map(|e| e["used"].as_u64()).max().unwrap();
     assert!(most <= 64 * MIB, "an event says {most} bytes used on a device of {} bytes", 64 * MIB);
 }
+
+/// Streams a trace (never the whole file in memory): the largest event `used` on device 0 and the
+/// summary line.
+fn max_used_and_summary(path: &std::path::Path) -> (u64, Value) {
+    use std::io::BufRead;
+    let f = std::io::BufReader::new(std::fs::File::open(path).unwrap());
+    let (mut most, mut last) = (0u64, Value::Null);
+    for l in f.lines() {
+        let v: Value = serde_json::from_str(&l.unwrap()).unwrap();
+        if v["type"] == "event" && v["dev"] == 0 {
+            most = most.max(v["used"].as_u64().unwrap_or(0));
+        }
+        last = v;
+    }
+    (most, last)
+}
+
+/// The summary's `peak` is what the process held at most, so never above the device, for VMM
+/// memory too: the last unmap (or release) of a VMM allocation gives its memory back to the driver,
+/// and another thread's cuMemCreate may get that memory at once. Its bytes must stop counting as
+/// held before the driver is asked (as `charge::free` does for cuMemFree), or both count at once.
+#[test]
+fn the_summary_peak_never_exceeds_the_device_with_vmm_memory() {
+    let dir = tmpdir("peak-vmm");
+    let path = dir.join("t.jsonl");
+    let out = Run::client("client_linked")
+        .env("FAKECUDA_MEM", "64m")
+        .env("VRAMCAP_TRACE", &path)
+        .args(["init ctx 0 vmmstorm 8 20000 48m"])
+        .run();
+    out.ok();
+    assert!(out.nth("vmmstorm", 0).num("oom") > 0, "the driver refused some: {}", out.stdout);
+    let (most, s) = max_used_and_summary(&path);
+    assert_eq!(s["type"], "summary");
+    let peak = s["peak"]["0"].as_u64().unwrap();
+    assert!(peak <= 64 * MIB, "summary peak {peak} bytes on a device of {} bytes: {s}", 64 * MIB);
+    assert!(most <= 64 * MIB, "an event says {most} bytes used on a device of {} bytes", 64 * MIB);
+    assert_eq!(s["used"]["0"], 0, "{s}");
+}
+
+/// The same for memory a context's end frees (cuCtxDestroy, the last cuCtxDetach): the driver frees
+/// it during the call, and another thread may be handed it at once.
+#[test]
+fn the_summary_peak_never_exceeds_the_device_when_contexts_end() {
+    let dir = tmpdir("peak-ctx");
+    let path = dir.join("t.jsonl");
+    let out = Run::client("client_linked")
+        .env("FAKECUDA_MEM", "64m")
+        .env("VRAMCAP_TRACE", &path)
+        .args(["init ctx 0 ctxstorm 8 3000 48m"])
+        .run();
+    out.ok();
+    assert!(out.nth("ctxstorm", 0).num("oom") > 0, "the driver refused some: {}", out.stdout);
+    let (most, s) = max_used_and_summary(&path);
+    assert_eq!(s["type"], "summary");
+    let peak = s["peak"]["0"].as_u64().unwrap();
+    assert!(peak <= 64 * MIB, "summary peak {peak} bytes on a device of {} bytes: {s}", 64 * MIB);
+    assert!(most <= 64 * MIB, "an event says {most} bytes used on a device of {} bytes", 64 * MIB);
+    assert_eq!(s["used"]["0"], 0, "{s}");
+}

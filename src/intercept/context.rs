@@ -59,18 +59,52 @@ fn ended(api: Hook, ctx: u64) {
     release_context(api, ctx);
 }
 
+/// Charges of a context that the coming driver call will end, taken out before the call: the
+/// driver frees their memory during the call and another thread may be handed it at once, so it
+/// must stop counting as held first (as `charge::free` does). Their charge stays until
+/// [`ending_done`].
+fn ending(ctx: u64) -> Vec<(Kind, u64, ledger::Charge)> {
+    if ctx == 0 {
+        return Vec::new();
+    }
+    let taken = ledger::drain(&CONTEXT_OWNED, |c| c.ctx == ctx);
+    for (_, _, c) in &taken {
+        ledger::uncommit(c.dev as usize, c.size);
+    }
+    taken
+}
+
+/// After the call [`ending`] prepared: ended (`ok`), the charges go; otherwise they are put back.
+fn ending_done(api: Hook, ctx: u64, taken: Vec<(Kind, u64, ledger::Charge)>, ok: bool) {
+    if ok {
+        super::contexts_changed();
+        for (_, key, c) in taken {
+            ledger::unreserve(c.dev as usize, c.size);
+            emit(Op::Free, api, c.dev as i32, key, c.size, Timed::instant(CUDA_SUCCESS), ledger::used(c.dev as usize));
+        }
+        // Anything charged to the context while the call was in flight went with it too.
+        release_context(api, ctx);
+    } else {
+        for (kind, key, c) in taken {
+            ledger::commit(c.dev as usize, c.size);
+            ledger::insert(kind, key, c);
+        }
+    }
+}
+
 unsafe fn destroy(api: Hook, f: unsafe extern "C" fn(CUcontext) -> CUresult, ctx: CUcontext) -> CUresult {
     if mode() != Mode::Enforce {
         return unsafe { f(ctx) };
     }
     let mut uses = serial();
+    let taken = guarded(Vec::new(), || ending(ctx as u64));
     let rc = unsafe { f(ctx) };
-    if rc == CUDA_SUCCESS {
-        guarded((), || {
+    guarded((), || {
+        if rc == CUDA_SUCCESS {
             uses.get_or_insert_with(HashMap::new).remove(&(ctx as u64));
-            ended(api, ctx as u64);
-        });
-    }
+        }
+        ending_done(api, ctx as u64, taken, rc == CUDA_SUCCESS);
+    });
     rc
 }
 
@@ -147,20 +181,27 @@ pub unsafe fn detach(ctx: CUcontext) -> CUresult {
         return unsafe { f(ctx) };
     }
     let mut uses = serial();
+    let key = ctx as u64;
+    // The last use we know of: the call ends the context.
+    let last = guarded(false, || uses.as_ref().and_then(|m| m.get(&key)) == Some(&1));
+    let taken = if last { guarded(Vec::new(), || ending(key)) } else { Vec::new() };
     let rc = unsafe { f(ctx) };
-    if rc == CUDA_SUCCESS {
-        guarded((), || {
+    guarded((), || {
+        let mut gone = false;
+        if rc == CUDA_SUCCESS {
             let map = uses.get_or_insert_with(HashMap::new);
-            let key = ctx as u64;
             if let Some(n) = map.get_mut(&key) {
                 *n = n.saturating_sub(1);
                 if *n == 0 {
                     map.remove(&key);
-                    ended(Hook::cuCtxDetach, key);
+                    gone = true;
                 }
             }
-        });
-    }
+        }
+        if last || gone {
+            ending_done(Hook::cuCtxDetach, key, taken, gone);
+        }
+    });
     rc
 }
 
@@ -255,10 +296,9 @@ unsafe fn reset(api: Hook, f: unsafe extern "C" fn(CUdevice) -> CUresult, dev: C
     }
     let serial = serial();
     let ctx = guarded(0, || primary_of(dev));
+    let taken = guarded(Vec::new(), || ending(ctx));
     let rc = unsafe { f(dev) };
-    if rc == CUDA_SUCCESS {
-        guarded((), || ended(api, ctx));
-    }
+    guarded((), || ending_done(api, ctx, taken, rc == CUDA_SUCCESS));
     drop(serial);
     if rc == CUDA_SUCCESS {
         device_reset();

@@ -90,6 +90,8 @@ struct Ending {
     id: u64,
     alloc: Alloc,
     charge: Option<Charge>,
+    /// Its bytes already stopped counting as held (before the driver call that frees them).
+    uncommitted: bool,
 }
 
 impl Table {
@@ -99,7 +101,7 @@ impl Table {
             && !a.alive()
         {
             self.allocs.remove(&id);
-            out.push(Ending { id, alloc: a, charge: ledger::take(Kind::VmmHandle, a.key) });
+            out.push(Ending { id, alloc: a, charge: ledger::take(Kind::VmmHandle, a.key), uncommitted: false });
         }
     }
 
@@ -136,6 +138,9 @@ impl Table {
 
     fn restore(&mut self, e: Ending) {
         if let Some(c) = e.charge {
+            if e.uncommitted {
+                ledger::commit(c.dev as usize, c.size);
+            }
             ledger::insert(Kind::VmmHandle, e.alloc.key, c);
         }
         self.allocs.insert(e.id, e.alloc);
@@ -174,7 +179,11 @@ impl Table {
 fn charge_off(api: Hook, t: Timed, gone: Vec<Ending>) {
     for e in gone {
         if let Some(c) = e.charge {
-            ledger::release(c.dev as usize, c.size);
+            if e.uncommitted {
+                ledger::unreserve(c.dev as usize, c.size);
+            } else {
+                ledger::release(c.dev as usize, c.size);
+            }
             emit(Op::Free, api, c.dev as i32, e.alloc.handle, c.size, t, ledger::used(c.dev as usize));
         }
     }
@@ -197,6 +206,9 @@ pub fn created(handle: u64) -> u64 {
 pub struct Release {
     handle: u64,
     id: u64,
+    /// The charge of an allocation this release will end unless something pins it meanwhile: no
+    /// longer held from before the call (the driver frees it during the call).
+    uncommitted: Option<Charge>,
 }
 
 /// Before `cuMemRelease(handle)`: one reference fewer, and the allocation kept alive (and its
@@ -209,8 +221,14 @@ pub fn release_begin(handle: u64) -> Option<Release> {
         let id = *t.handles.get(&handle)?;
         let a = t.allocs.get_mut(&id)?;
         a.refs = a.refs.saturating_sub(1);
+        let last = a.refs == 0 && a.pieces == 0 && a.pending == 0 && !a.exported;
         a.pending += 1;
-        Some(Release { handle, id })
+        let key = a.key;
+        let uncommitted = if last { ledger::peek(Kind::VmmHandle, key) } else { None };
+        if let Some(c) = uncommitted {
+            ledger::uncommit(c.dev as usize, c.size);
+        }
+        Some(Release { handle, id, uncommitted })
     })
 }
 
@@ -236,6 +254,13 @@ pub fn release_end(r: Option<Release>, t: Timed) {
             tb.end_if_dead(r.id, &mut gone);
         }
     });
+    if let Some(c) = r.uncommitted {
+        match gone.iter_mut().find(|e| e.id == r.id && e.charge.is_some()) {
+            Some(e) => e.uncommitted = true,
+            // Still alive (the call failed, or a map or export pinned it meanwhile): held again.
+            None => ledger::commit(c.dev as usize, c.size),
+        }
+    }
     charge_off(Hook::cuMemRelease, t, gone);
 }
 
@@ -306,6 +331,13 @@ pub fn unmap_begin(ptr: u64, size: u64) -> Unmap {
         let mut ending = Vec::new();
         for &(_, _, id) in &removed {
             t.end_if_dead(id, &mut ending);
+        }
+        // The driver frees them during the call: no longer held from before it.
+        for e in &mut ending {
+            if let Some(c) = e.charge {
+                ledger::uncommit(c.dev as usize, c.size);
+                e.uncommitted = true;
+            }
         }
         Unmap { removed, added, ending }
     })
