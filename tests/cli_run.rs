@@ -304,3 +304,27 @@ fn an_installed_binary_finds_the_library_in_prefix_lib() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), prefix.join("lib/libvramcap.so").canonicalize().unwrap().to_string_lossy());
 }
+
+/// Two steps run one after the other under one launcher's job id (`VRAMCAP_JOB` in the
+/// environment, which `run` passes on; a `vramcap run` inside another passes on the outer one the
+/// same way): each step's report is of the traces written since that step started. The first
+/// step's trace, finished before the second started, is not the second's.
+#[test]
+fn report_leaves_out_a_trace_of_the_same_job_id_written_before_this_run_started() {
+    common::build_c();
+    let d = scratch("run-report-steps");
+    let tmpl = d.join("t-%p.jsonl").to_string_lossy().into_owned();
+    let step = |size: &str| {
+        let args = ["run", "--trace", &tmpl, "--report", "--", &client("client_procaddr"), "init", "ctx", "0", "alloc", size];
+        let out = clean_vramcap(&args).env("VRAMCAP_JOB", "train-42").output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stderr)
+    };
+    step("100m");
+    let err = step("7m");
+    let files: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 2, "{files:?}");
+    let reported: Vec<_> = files.iter().filter(|f| err.contains(&*f.to_string_lossy())).collect();
+    assert_eq!(reported.len(), 1, "the second step's report reads the first step's trace too:\n{err}");
+    assert!(!err.contains("100.0 MiB") && err.contains("7.0 MiB"), "{err}");
+}

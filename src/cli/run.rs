@@ -254,7 +254,7 @@ pub fn main(a: RunArgs) -> Result<(), String> {
 /// The report goes to stderr: the job's stdout stays the job's.
 /// Only this job's traces: written since it started, carrying its id or by its process tree.
 fn print_report(template: &str, since: std::time::SystemTime, temporary: bool, root: u32, job: Option<&str>) {
-    let files = match traces::find(template, since).map(|f| traces::of_tree(f, root, job)) {
+    let files = match traces::find(template, since).map(|f| traces::of_tree(f, root, job, since)) {
         Ok(f) if !f.is_empty() => f,
         Ok(_) => {
             eprintln!("vramcap run: --report: no trace matching {template} was written (did the command use CUDA?)");

@@ -91,6 +91,8 @@ struct Ids {
     pid: u32,
     ppid: u32,
     job: Option<String>,
+    /// `start_unix_ns`: when the process started tracing (absent in a header without it).
+    start: Option<u64>,
 }
 
 fn header_ids(path: &Path) -> Option<Ids> {
@@ -104,6 +106,7 @@ fn header_ids(path: &Path) -> Option<Ids> {
         pid: u32::try_from(v.get("pid")?.as_u64()?).ok()?,
         ppid: u32::try_from(v.get("ppid")?.as_u64()?).ok()?,
         job: v.get("job").and_then(|j| j.as_str()).map(str::to_string),
+        start: v.get("start_unix_ns").and_then(|t| t.as_u64()),
     })
 }
 
@@ -112,9 +115,13 @@ fn header_ids(path: &Path) -> Option<Ids> {
 /// wrote no trace, and children that daemonized), and those written by `root` and its
 /// descendants by the pid and parent pid in their headers (a process that lost the id: a program
 /// that cleared its environment). Another job writing to the same template at the same time has
-/// another id and is not a descendant.
-pub fn of_tree(files: Vec<PathBuf>, root: u32, job: Option<&str>) -> Vec<PathBuf> {
-    let ids: Vec<Option<Ids>> = files.iter().map(|f| header_ids(f)).collect();
+/// another id and is not a descendant. A trace whose process started before `since` (the job's
+/// start) is no process of this job, whatever its id: an earlier step run under the same launcher
+/// id, a pid the job's tree reused.
+pub fn of_tree(files: Vec<PathBuf>, root: u32, job: Option<&str>, since: SystemTime) -> Vec<PathBuf> {
+    let since_ns = since.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    let ids: Vec<Option<Ids>> =
+        files.iter().map(|f| header_ids(f).filter(|i| i.start.is_none_or(|t| t >= since_ns))).collect();
     let ours = |i: &Ids| job.is_some() && i.job.as_deref() == job;
     let mut tree = std::collections::BTreeSet::from([root]);
     tree.extend(ids.iter().flatten().filter(|i| ours(i)).map(|i| i.pid));
@@ -155,7 +162,7 @@ mod tests {
             std::fs::write(&f, format!("{{\"type\":\"header\",\"version\":1,\"pid\":{pid},\"ppid\":{ppid}}}\n")).unwrap();
             files.push(f);
         }
-        let mut kept: Vec<String> = of_tree(files, 100, None).iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        let mut kept: Vec<String> = of_tree(files, 100, None, SystemTime::UNIX_EPOCH).iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
         kept.sort();
         assert_eq!(kept, ["t-100.jsonl", "t-200.jsonl", "t-300.jsonl"]);
         std::fs::remove_dir_all(&d).unwrap();
@@ -176,7 +183,7 @@ mod tests {
             std::fs::write(&f, format!("{{\"type\":\"header\",\"version\":1,\"pid\":{pid},\"ppid\":{ppid}{job}}}\n")).unwrap();
             files.push(f);
         }
-        let mut kept: Vec<String> = of_tree(files, 100, Some("J")).iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        let mut kept: Vec<String> = of_tree(files, 100, Some("J"), SystemTime::UNIX_EPOCH).iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
         kept.sort();
         assert_eq!(kept, ["t-400.jsonl", "t-500.jsonl", "t-600.jsonl"]);
         std::fs::remove_dir_all(&d).unwrap();
