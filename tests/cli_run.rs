@@ -328,3 +328,26 @@ fn report_leaves_out_a_trace_of_the_same_job_id_written_before_this_run_started(
     assert_eq!(reported.len(), 1, "the second step's report reads the first step's trace too:\n{err}");
     assert!(!err.contains("100.0 MiB") && err.contains("7.0 MiB"), "{err}");
 }
+
+/// A process of the job with a long command line (a tool given thousands of file names) writes a
+/// header longer than 1 MiB (its `cmdline`): it is still the job's, and its trace is reported.
+#[test]
+fn report_keeps_a_trace_whose_header_is_long() {
+    common::build_c();
+    let d = scratch("run-report-long-header");
+    let tmpl = d.join("t-%p.jsonl").to_string_lossy().into_owned();
+    let c = client("client_procaddr");
+    // argv[0] of control characters (6 bytes each in JSON) and many arguments: a header over 1 MiB
+    // from a command line within ARG_MAX.
+    let argv0 = "\u{1}".repeat(120_000);
+    let mut args = vec!["run", "--trace", &tmpl, "--report", "--", "bash", "-c", "exec -a \"$0\" \"$@\"", &argv0, &c, "init", "ctx", "0", "alloc", "100m"];
+    args.extend(std::iter::repeat_n("version", 50_000));
+    let out = clean_vramcap(&args).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    let files: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let header_len = std::io::BufRead::lines(BufReader::new(std::fs::File::open(&files[0]).unwrap())).next().unwrap().unwrap().len();
+    assert!(header_len > 1 << 20, "header of {header_len} bytes");
+    assert!(err.contains(&*files[0].to_string_lossy()) && err.contains("100.0 MiB"), "the job's only trace is not reported:\n{}", &err[..err.len().min(2000)]);
+}

@@ -96,17 +96,27 @@ struct Ids {
 }
 
 fn header_ids(path: &Path) -> Option<Ids> {
-    use std::io::{BufRead, Read};
+    use std::io::Read;
+    /// Only the fields we need; the rest (a `cmdline` of any length) is skipped as it is read, so
+    /// a long header costs no memory and a huge one only reading time.
+    #[derive(serde::Deserialize)]
+    struct Head {
+        #[serde(rename = "type")]
+        kind: Option<serde_json::Value>,
+        pid: Option<serde_json::Value>,
+        ppid: Option<serde_json::Value>,
+        job: Option<serde_json::Value>,
+        start_unix_ns: Option<serde_json::Value>,
+    }
     let f = std::fs::File::open(path).ok()?;
-    let mut first = String::new();
-    std::io::BufReader::new(f.take(1 << 20)).read_line(&mut first).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&first).ok()?;
-    (v.get("type")?.as_str()? == "header").then_some(())?;
+    let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::new(f.take(1 << 30)));
+    let v: Head = serde::Deserialize::deserialize(&mut de).ok()?;
+    (v.kind?.as_str()? == "header").then_some(())?;
     Some(Ids {
-        pid: u32::try_from(v.get("pid")?.as_u64()?).ok()?,
-        ppid: u32::try_from(v.get("ppid")?.as_u64()?).ok()?,
-        job: v.get("job").and_then(|j| j.as_str()).map(str::to_string),
-        start: v.get("start_unix_ns").and_then(|t| t.as_u64()),
+        pid: u32::try_from(v.pid?.as_u64()?).ok()?,
+        ppid: u32::try_from(v.ppid?.as_u64()?).ok()?,
+        job: v.job.as_ref().and_then(|j| j.as_str()).map(str::to_string),
+        start: v.start_unix_ns.and_then(|t| t.as_u64()),
     })
 }
 
