@@ -470,88 +470,52 @@ fn a_child_forked_without_atfork_handlers_never_waits_for_the_parents_writer() {
     assert!(out.status.success() && out.nth("rawfork", 0).num("status") == 0, "child hung or failed after {:?}: {}\n{}", t0.elapsed(), out.stdout, out.stderr);
 }
 
-/// The summary's `peak` is exact (docs/configuration.md "Tracing"): what the process really held
-/// at most. 8 threads allocate on a device of 64 MiB (the driver refuses the rest): whatever they
-/// held at once fits in 64 MiB, so the peak cannot be above it. A thread's reservation for a call
-/// that the driver then refuses must not count.
-#[test]
-fn the_summary_peak_never_counts_allocations_the_driver_refused() {
-    let dir = tmpdir("peak-oom");
-    let path = dir.join("t.jsonl");
-    let out = Run::client("client_linked")
-        .env("FAKECUDA_MEM", "64m")
-        .env("VRAMCAP_TRACE", &path)
-        .args(["init ctx 0 threads 8 20000 48m 1"])
-        .run();
-    out.ok();
-    assert!(out.nth("threads", 0).num("oom") > 0, "the driver refused some: {}", out.stdout);
-    let t = read_trace(&path);
-    let s = t.last().unwrap();
-    assert_eq!(s["type"], "summary");
-    let peak = s["peak"]["0"].as_u64().unwrap();
-    assert!(peak <= 64 * MIB, "summary peak {peak} bytes on a device of {} bytes: {s}", 64 * MIB);
-    // Each event's `used` (what analysis takes peaks from) is what the process held: never more
-    // than the device either.
-    let most = t.iter().filter(|e| e["type"] == "event").filter_map(|e| e["used"].as_u64()).max().unwrap();
-    assert!(most <= 64 * MIB, "an event says {most} bytes used on a device of {} bytes", 64 * MIB);
-}
-
-/// Streams a trace (never the whole file in memory): the largest event `used` on device 0 and the
-/// summary line.
-fn max_used_and_summary(path: &std::path::Path) -> (u64, Value) {
+/// Runs `ops` (8 threads allocating flat out, `op` names their result line) on a fake device of
+/// 64 MiB with a trace, the driver refusing what does not fit, and checks that the summary's
+/// `peak` and every event's `used` (what analysis takes peaks from) stay within the device: they
+/// are what the process held, and it never held more than the device has. The trace is streamed,
+/// never read whole (it has ~10^5 events).
+fn assert_peak_within_the_device(test: &str, ops: &str, op: &str) {
     use std::io::BufRead;
-    let f = std::io::BufReader::new(std::fs::File::open(path).unwrap());
-    let (mut most, mut last) = (0u64, Value::Null);
-    for l in f.lines() {
+    let dir = tmpdir(test);
+    let path = dir.join("t.jsonl");
+    let out = Run::client("client_linked").env("FAKECUDA_MEM", "64m").env("VRAMCAP_TRACE", &path).args([ops]).run();
+    out.ok();
+    assert!(out.nth(op, 0).num("oom") > 0, "the driver refused some: {}", out.stdout);
+    let (mut most, mut s) = (0u64, Value::Null);
+    for l in std::io::BufReader::new(std::fs::File::open(&path).unwrap()).lines() {
         let v: Value = serde_json::from_str(&l.unwrap()).unwrap();
         if v["type"] == "event" && v["dev"] == 0 {
             most = most.max(v["used"].as_u64().unwrap_or(0));
         }
-        last = v;
+        s = v;
     }
-    (most, last)
-}
-
-/// The summary's `peak` is what the process held at most, so never above the device, for VMM
-/// memory too: the last unmap (or release) of a VMM allocation gives its memory back to the driver,
-/// and another thread's cuMemCreate may get that memory at once. Its bytes must stop counting as
-/// held before the driver is asked (as `charge::free` does for cuMemFree), or both count at once.
-#[test]
-fn the_summary_peak_never_exceeds_the_device_with_vmm_memory() {
-    let dir = tmpdir("peak-vmm");
-    let path = dir.join("t.jsonl");
-    let out = Run::client("client_linked")
-        .env("FAKECUDA_MEM", "64m")
-        .env("VRAMCAP_TRACE", &path)
-        .args(["init ctx 0 vmmstorm 8 20000 48m"])
-        .run();
-    out.ok();
-    assert!(out.nth("vmmstorm", 0).num("oom") > 0, "the driver refused some: {}", out.stdout);
-    let (most, s) = max_used_and_summary(&path);
     assert_eq!(s["type"], "summary");
     let peak = s["peak"]["0"].as_u64().unwrap();
     assert!(peak <= 64 * MIB, "summary peak {peak} bytes on a device of {} bytes: {s}", 64 * MIB);
     assert!(most <= 64 * MIB, "an event says {most} bytes used on a device of {} bytes", 64 * MIB);
-    assert_eq!(s["used"]["0"], 0, "{s}");
+    assert_eq!(s["used"]["0"], 0, "everything was freed: {s}");
+}
+
+/// The summary's `peak` is exact (docs/configuration.md "Tracing"): what the process really held
+/// at most. A thread's reservation for a call that the driver then refuses must not count.
+#[test]
+fn the_summary_peak_never_counts_allocations_the_driver_refused() {
+    assert_peak_within_the_device("peak-oom", "init ctx 0 threads 8 20000 48m 1", "threads");
+}
+
+/// The same for VMM memory: the last unmap (or release) of a VMM allocation gives its memory back
+/// to the driver, and another thread's cuMemCreate may get that memory at once. Its bytes must stop
+/// counting as held before the driver is asked (as `charge::free` does for cuMemFree), or both
+/// count at once.
+#[test]
+fn the_summary_peak_never_exceeds_the_device_with_vmm_memory() {
+    assert_peak_within_the_device("peak-vmm", "init ctx 0 vmmstorm 8 20000 48m", "vmmstorm");
 }
 
 /// The same for memory a context's end frees (cuCtxDestroy, the last cuCtxDetach): the driver frees
 /// it during the call, and another thread may be handed it at once.
 #[test]
 fn the_summary_peak_never_exceeds_the_device_when_contexts_end() {
-    let dir = tmpdir("peak-ctx");
-    let path = dir.join("t.jsonl");
-    let out = Run::client("client_linked")
-        .env("FAKECUDA_MEM", "64m")
-        .env("VRAMCAP_TRACE", &path)
-        .args(["init ctx 0 ctxstorm 8 3000 48m"])
-        .run();
-    out.ok();
-    assert!(out.nth("ctxstorm", 0).num("oom") > 0, "the driver refused some: {}", out.stdout);
-    let (most, s) = max_used_and_summary(&path);
-    assert_eq!(s["type"], "summary");
-    let peak = s["peak"]["0"].as_u64().unwrap();
-    assert!(peak <= 64 * MIB, "summary peak {peak} bytes on a device of {} bytes: {s}", 64 * MIB);
-    assert!(most <= 64 * MIB, "an event says {most} bytes used on a device of {} bytes", 64 * MIB);
-    assert_eq!(s["used"]["0"], 0, "{s}");
+    assert_peak_within_the_device("peak-ctx", "init ctx 0 ctxstorm 8 3000 48m", "ctxstorm");
 }
