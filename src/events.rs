@@ -358,6 +358,15 @@ pub fn dropped() -> u64 {
     DROPPED.load(Ordering::Relaxed) + ring_dropped()
 }
 
+/// `(emitted(), dropped())` from one reading of the rings' drop counters: threads still
+/// allocating at exit keep dropping into full rings, and two readings would count those drops
+/// in `dropped` but not in `emitted` (the summary's `events - dropped` must equal its lines).
+pub fn emitted_and_dropped() -> (u64, u64) {
+    let ring = ring_dropped();
+    let emitted = NEXT_SEQ.load(Ordering::Relaxed) + ring.saturating_sub(GAPS.load(Ordering::Relaxed));
+    (emitted, DROPPED.load(Ordering::Relaxed) + ring)
+}
+
 /// Counts records the writer could not deliver (full disk, closed sink).
 pub fn add_dropped(n: u64) {
     DROPPED.fetch_add(n, Ordering::Relaxed);

@@ -519,3 +519,55 @@ fn the_summary_peak_never_exceeds_the_device_with_vmm_memory() {
 fn the_summary_peak_never_exceeds_the_device_when_contexts_end() {
     assert_peak_within_the_device("peak-ctx", "init ctx 0 ctxstorm 8 3000 48m", "ctxstorm");
 }
+
+/// `exit()` from the main thread while other threads still allocate (op `exitbusy`), in both
+/// modes: the writer must finish with the summary (trace-format.md: "`exit()` from any thread
+/// ... drains everything and writes the summary, waiting at most 5 seconds"), and the lines must
+/// add up (`events - dropped` event lines). A regular file: the writer keeps up with it, so the
+/// rings are never seen empty while the threads run. Only the file's tail is read before the
+/// summary is known to be there; then the file is streamed line by line.
+#[test]
+fn exit_while_other_threads_allocate_writes_the_summary_in_both_modes() {
+    use std::io::{BufRead, Read, Seek, SeekFrom};
+    for mode in ["drop", "lossless"] {
+        let dir = tmpdir(&format!("exitbusy-{mode}"));
+        let path = dir.join("t.jsonl");
+        let t0 = Instant::now();
+        let out = Run::client("client_linked")
+            .env("VRAMCAP_LIMIT", "8g")
+            .env("VRAMCAP_TRACE", &path)
+            .env("VRAMCAP_TRACE_MODE", mode)
+            .args(["init ctx 0 exitbusy 4 200"])
+            .timeout(Duration::from_secs(30))
+            .run();
+        let took = t0.elapsed();
+        out.ok();
+        let mut f = std::fs::File::open(&path).unwrap();
+        let len = f.metadata().unwrap().len();
+        f.seek(SeekFrom::Start(len.saturating_sub(4096))).unwrap();
+        let mut tail = String::new();
+        f.read_to_string(&mut tail).unwrap();
+        let last = tail.trim_end_matches('\n').rsplit('\n').next().unwrap_or("").to_string();
+        let fail = |why: &str| {
+            let _ = std::fs::remove_dir_all(&dir);
+            panic!("{mode}: {why} (exit took {took:?}, trace {len} bytes); last line: {last}\nstderr: {}", out.stderr)
+        };
+        if !tail.ends_with('\n') {
+            fail("the trace ends in a cut line");
+        }
+        let s: Value = serde_json::from_str(&last).unwrap_or(Value::Null);
+        if s["type"] != "summary" {
+            fail("no summary");
+        }
+        let (events, dropped) = (s["events"].as_u64().unwrap(), s["dropped"].as_u64().unwrap());
+        let mut event_lines = 0u64;
+        let mut line = String::new();
+        let mut r = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
+        while { line.clear(); r.read_line(&mut line).unwrap() > 0 } {
+            event_lines += line.starts_with("{\"type\":\"event\"") as u64;
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(events - dropped, event_lines, "{mode}: {s}");
+        assert!(took < Duration::from_secs(5), "{mode}: exit took {took:?}");
+    }
+}

@@ -275,11 +275,12 @@ fn summary() -> Summary {
             share,
         }
     });
+    let (events, dropped) = events::emitted_and_dropped();
     Summary {
         kind: "summary",
         t_ns: crate::log::monotonic_ns().saturating_sub(ORIGIN_MONO_NS.load(Ordering::Relaxed)),
-        events: events::emitted(),
-        dropped: events::dropped(),
+        events,
+        dropped,
         peak: (0..n).map(|d| (d.to_string(), ledger::peak(d))).collect(),
         used: (0..n).map(|d| (d.to_string(), ledger::used(d))).collect(),
         denied: (0..n).map(|d| (d.to_string(), crate::log::denials(d))).collect(),
