@@ -72,3 +72,34 @@ fn sigterm_and_sigint_end_a_process_whose_main_thread_has_ended() {
         }
     }
 }
+
+/// Lossless mode, main thread gone with `pthread_exit` while the worker does 300 000 alloc/free
+/// pairs flat out (its ring fills; it waits for the writer): the process still ends with
+/// status 0 and every event, the summary last.
+#[test]
+fn lossless_mode_with_the_main_thread_gone_keeps_every_event_and_ends() {
+    for worker_ms in ["0", "100"] {
+        let dir = tmpdir(&format!("lossless-{worker_ms}"));
+        let path = dir.join("t.jsonl");
+        let mut run = Run::client("client_mainexit")
+            .args([worker_ms, "300000"])
+            .env("VRAMCAP_TRACE", &path)
+            .env("VRAMCAP_TRACE_MODE", "lossless")
+            .spawn();
+        run.wait_for("ready");
+        let st = wait_bounded(&mut run.child, Duration::from_secs(20), "lossless mainexit");
+        assert_eq!(st.code(), Some(0), "{st:?}");
+        // About 120 MB: only its tail is read.
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open(&path).unwrap();
+        f.seek(SeekFrom::End(-4096)).unwrap();
+        let mut tail = String::new();
+        f.read_to_string(&mut tail).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(tail.ends_with('\n'), "cut last line: {tail}");
+        let s: serde_json::Value = serde_json::from_str(tail.trim_end().rsplit('\n').next().unwrap()).unwrap();
+        assert_eq!(s["type"], "summary", "{s}");
+        assert_eq!(s["events"], 600_006, "{s}");
+        assert_eq!(s["dropped"], 0, "{s}");
+    }
+}

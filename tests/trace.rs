@@ -571,3 +571,58 @@ fn exit_while_other_threads_allocate_writes_the_summary_in_both_modes() {
         assert!(took < Duration::from_secs(5), "{mode}: exit took {took:?}");
     }
 }
+
+/// Streams a trace file: (event lines, seq strictly increasing, last line, ends with a newline).
+fn stream_trace(path: &std::path::Path) -> (u64, bool, String, bool) {
+    use std::io::BufRead;
+    let mut r = std::io::BufReader::new(std::fs::File::open(path).unwrap());
+    let (mut n, mut ordered, mut prev, mut last, mut line) = (0u64, true, -1i64, String::new(), String::new());
+    while {
+        line.clear();
+        r.read_line(&mut line).unwrap() > 0
+    } {
+        if line.starts_with("{\"type\":\"event\"") {
+            n += 1;
+            let v: Value = serde_json::from_str(&line).unwrap();
+            let seq = v["seq"].as_i64().unwrap();
+            ordered &= seq > prev;
+            prev = seq;
+        }
+        std::mem::swap(&mut last, &mut line);
+    }
+    let complete = last.ends_with('\n');
+    (n, ordered, last, complete)
+}
+
+/// SIGSTOP then SIGCONT (1.5 s later) while two threads allocate, in both modes: the trace stays
+/// valid and complete (the summary is there, `events - dropped` event lines, in `seq` order).
+#[test]
+fn sigstop_and_sigcont_mid_run_leave_a_complete_trace() {
+    for mode in ["drop", "lossless"] {
+        let dir = tmpdir(&format!("sigstop-{mode}"));
+        let path = dir.join("t.jsonl");
+        let mut run = Run::client("client_procaddr")
+            .env("VRAMCAP_LIMIT", "8g")
+            .env("VRAMCAP_TRACE", &path)
+            .env("VRAMCAP_TRACE_MODE", mode)
+            .args(["init ctx 0 benchmt 2 400000 256"])
+            .spawn();
+        run.wait_for("ctx");
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(unsafe { libc::kill(run.pid() as i32, libc::SIGSTOP) }, 0);
+        std::thread::sleep(Duration::from_millis(1500));
+        assert_eq!(unsafe { libc::kill(run.pid() as i32, libc::SIGCONT) }, 0);
+        let st = wait_bounded(&mut run.child, Duration::from_secs(30), mode);
+        assert_eq!(st.code(), Some(0), "{mode}: {st:?}");
+        let (lines, ordered, last, complete) = stream_trace(&path);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(complete && ordered, "{mode}: complete {complete}, ordered {ordered}: {last}");
+        let s: Value = serde_json::from_str(&last).unwrap();
+        assert_eq!(s["type"], "summary", "{mode}: {s}");
+        assert_eq!(s["events"], 1_600_000, "{mode}: {s}");
+        assert_eq!(s["events"].as_u64().unwrap() - s["dropped"].as_u64().unwrap(), lines, "{mode}: {s}");
+        if mode == "lossless" {
+            assert_eq!(s["dropped"], 0, "{mode}: {s}");
+        }
+    }
+}

@@ -8,6 +8,9 @@
  *                                 frees too, sleeps WORKER_MS (-1: until a signal ends the
  *                                 process), prints `worker done` and returns. `ready` comes
  *                                 after the worker's first allocation.
+ *   client_mainexit WORKER_MS PAIRS  the same, and the worker then does PAIRS more alloc/free
+ *                                 pairs flat out (after `ready`, before its sleep), more than
+ *                                 one event ring holds.
  * Linked against libcuda (the fake driver) like client_linked. */
 #define _GNU_SOURCE
 #include "cuda_types.h"
@@ -19,6 +22,7 @@
 
 static CUcontext ctx;
 static long worker_ms;
+static long pairs;
 /* `ready` is printed once the worker has made its first allocation. */
 static pthread_barrier_t started;
 
@@ -38,6 +42,16 @@ static void *worker(void *arg)
     cuCtxSetCurrent(ctx);
     alloc_free("worker");
     pthread_barrier_wait(&started);
+    long bad = 0;
+    for (long i = 0; i < pairs; i++) {
+        CUdeviceptr p = 0;
+        if (cuMemAlloc_v2(&p, 4096) != CUDA_SUCCESS || cuMemFree_v2(p) != CUDA_SUCCESS)
+            bad++;
+    }
+    if (pairs > 0) {
+        printf("worker pairs=%ld bad=%ld\n", pairs, bad);
+        fflush(stdout);
+    }
     if (worker_ms < 0) {
         for (;;)
             pause();
@@ -52,11 +66,12 @@ static void *worker(void *arg)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: client_mainexit WORKER_MS\n");
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: client_mainexit WORKER_MS [PAIRS]\n");
         return 2;
     }
     worker_ms = strtol(argv[1], NULL, 10);
+    pairs = argc == 3 ? strtol(argv[2], NULL, 10) : 0;
     CUdevice dev = 0;
     if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {
         fprintf(stderr, "client_mainexit: CUDA setup failed\n");
