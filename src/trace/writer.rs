@@ -284,7 +284,8 @@ fn io_main(fd: i32, path: &str, rx: Receiver<Block>, back: &Sender<Vec<u8>>, fai
             continue;
         }
         if let Err((written, err)) = crate::log::write_all(fd, &block.bytes) {
-            // Full disk, quota, file-size limit (a removed directory is no error: the open file still takes writes): stop, count, say so once.
+            // Full disk, quota, file-size limit: stop, count, say so once. (A removed directory
+            // is no error: the open file still takes writes.)
             // Only whole lines were handed to write(), so the file ends at most in one cut line.
             failed.store(true, Ordering::Relaxed);
             let written_lines = block.bytes[..written].iter().filter(|&&b| b == b'\n').count() as u64;
