@@ -348,23 +348,18 @@ fn number_from(batch: &mut [Record], mut next: u64) -> (u64, u64) {
 }
 
 /// Events handed out so far (written or dropped): what the writer numbered, plus ring drops it
-/// has not yet seen a later event for.
-pub fn emitted() -> u64 {
-    let gaps = GAPS.load(Ordering::Relaxed);
-    NEXT_SEQ.load(Ordering::Relaxed) + ring_dropped().saturating_sub(gaps)
-}
-
-pub fn dropped() -> u64 {
-    DROPPED.load(Ordering::Relaxed) + ring_dropped()
-}
-
-/// `(emitted(), dropped())` from one reading of the rings' drop counters: threads still
-/// allocating at exit keep dropping into full rings, and two readings would count those drops
-/// in `dropped` but not in `emitted` (the summary's `events - dropped` must equal its lines).
+/// has not yet seen a later event for; and of them, those dropped (in a ring, or by the writer).
+/// One reading of the rings' drop counters for both: threads still allocating keep dropping into
+/// full rings, and two readings would count those drops in one and not the other (the summary's
+/// `events - dropped` must equal its event lines).
 pub fn emitted_and_dropped() -> (u64, u64) {
     let ring = ring_dropped();
     let emitted = NEXT_SEQ.load(Ordering::Relaxed) + ring.saturating_sub(GAPS.load(Ordering::Relaxed));
     (emitted, DROPPED.load(Ordering::Relaxed) + ring)
+}
+
+pub fn dropped() -> u64 {
+    emitted_and_dropped().1
 }
 
 /// Counts records the writer could not deliver (full disk, closed sink).

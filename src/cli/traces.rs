@@ -61,7 +61,9 @@ pub fn name_matches(tmpl: &str, name: &str) -> bool {
     matches(&t, &s)
 }
 
-/// The trace files written for `template` and modified at or after `since`, sorted by name.
+/// The trace files written for `template` and modified at or after `since`, sorted by name. Only
+/// files owned by the user asking: a trace directory may be shared (`/tmp`), and another user's
+/// file, with any header it likes, is never this user's job.
 pub fn find(template: &str, since: SystemTime) -> Result<Vec<PathBuf>, String> {
     let path = Path::new(template);
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -79,7 +81,11 @@ pub fn find(template: &str, since: SystemTime) -> Result<Vec<PathBuf>, String> {
     let mut out: Vec<PathBuf> = rd
         .filter_map(Result::ok)
         .filter(|e| e.file_name().to_str().is_some_and(|n| name_matches(file, n)))
-        .filter(|e| e.metadata().ok().and_then(|m| m.modified().ok()).is_some_and(|t| t >= since))
+        .filter(|e| {
+            use std::os::unix::fs::MetadataExt;
+            let me = unsafe { libc::geteuid() };
+            e.metadata().ok().is_some_and(|m| m.uid() == me && m.modified().is_ok_and(|t| t >= since))
+        })
         .map(|e| e.path())
         .collect();
     out.sort();
@@ -160,42 +166,68 @@ pub fn of_tree(files: Vec<PathBuf>, root: u32, job: Option<&str>, since: SystemT
 mod tests {
     use super::*;
 
-    #[test]
-    fn of_tree_keeps_the_job_and_its_descendants_only() {
-        let d = std::env::temp_dir().join(format!("vramcap-traces-tree-{}", std::process::id()));
+    /// Writes one header per `(pid, ppid, job, start_unix_ns)` and returns the file names
+    /// `of_tree` keeps for `root`, `job` and a run that started at 1000 ns.
+    fn kept(test: &str, headers: &[(u32, u32, Option<&str>, Option<u64>)], root: u32, job: Option<&str>) -> Vec<String> {
+        let d = std::env::temp_dir().join(format!("vramcap-traces-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         let mut files = Vec::new();
-        // 300 is a grandchild listed before its parent 200; 900 belongs to another job.
-        for (pid, ppid) in [(300, 200), (100, 50), (200, 100), (900, 1), (901, 900)] {
+        for &(pid, ppid, job, start) in headers {
             let f = d.join(format!("t-{pid}.jsonl"));
-            std::fs::write(&f, format!("{{\"type\":\"header\",\"version\":1,\"pid\":{pid},\"ppid\":{ppid}}}\n")).unwrap();
+            let job = job.map(|j| format!(",\"job\":\"{j}\"")).unwrap_or_default();
+            let start = start.map(|t| format!(",\"start_unix_ns\":{t}")).unwrap_or_default();
+            std::fs::write(&f, format!("{{\"type\":\"header\",\"version\":1,\"pid\":{pid},\"ppid\":{ppid}{job}{start}}}\n")).unwrap();
             files.push(f);
         }
-        let mut kept: Vec<String> = of_tree(files, 100, None, SystemTime::UNIX_EPOCH).iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
-        kept.sort();
-        assert_eq!(kept, ["t-100.jsonl", "t-200.jsonl", "t-300.jsonl"]);
+        let since = SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(1000);
+        let mut out: Vec<String> = of_tree(files, root, job, since).iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        out.sort();
         std::fs::remove_dir_all(&d).unwrap();
+        out
+    }
+
+    #[test]
+    fn of_tree_keeps_the_job_and_its_descendants_only() {
+        // 300 is a grandchild listed before its parent 200; 900 belongs to another job.
+        let h = [(300, 200, None, None), (100, 50, None, None), (200, 100, None, None), (900, 1, None, None), (901, 900, None, None)];
+        assert_eq!(kept("tree", &h, 100, None), ["t-100.jsonl", "t-200.jsonl", "t-300.jsonl"]);
     }
 
     #[test]
     fn of_tree_keeps_every_trace_with_the_jobs_id() {
-        let d = std::env::temp_dir().join(format!("vramcap-traces-job-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        let mut files = Vec::new();
         // 400: the job's, behind a shell (pid 350) that wrote no trace; 500: daemonized (ppid 1);
         // 600: its child, without the id (its environment was cleared); 700: a child of the
-        // job's root carrying another job's id; 900: another job.
-        for (pid, ppid, job) in [(400, 350, Some("J")), (500, 1, Some("J")), (600, 500, None), (700, 100, Some("K")), (900, 1, Some("K"))] {
-            let f = d.join(format!("t-{pid}.jsonl"));
-            let job = job.map(|j| format!(",\"job\":\"{j}\"")).unwrap_or_default();
-            std::fs::write(&f, format!("{{\"type\":\"header\",\"version\":1,\"pid\":{pid},\"ppid\":{ppid}{job}}}\n")).unwrap();
-            files.push(f);
+        // job's root carrying another job's id; 900: another job; 800: the job's id, but its
+        // process started before this run (an earlier run under the same id).
+        let h = [
+            (400, 350, Some("J"), Some(2000)),
+            (500, 1, Some("J"), None),
+            (600, 500, None, None),
+            (700, 100, Some("K"), None),
+            (900, 1, Some("K"), None),
+            (800, 1, Some("J"), Some(999)),
+        ];
+        assert_eq!(kept("job", &h, 100, Some("J")), ["t-400.jsonl", "t-500.jsonl", "t-600.jsonl"]);
+    }
+
+    #[test]
+    fn find_leaves_out_another_users_files() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED: needs root (to make a file another user owns)");
+            return;
         }
-        let mut kept: Vec<String> = of_tree(files, 100, Some("J"), SystemTime::UNIX_EPOCH).iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
-        kept.sort();
-        assert_eq!(kept, ["t-400.jsonl", "t-500.jsonl", "t-600.jsonl"]);
+        let d = std::env::temp_dir().join(format!("vramcap-traces-owner-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        for n in ["r-1.jsonl", "r-2.jsonl"] {
+            std::fs::write(d.join(n), "").unwrap();
+        }
+        let c = std::ffi::CString::new(d.join("r-2.jsonl").to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+        let t = d.join("r-%p.jsonl").to_string_lossy().into_owned();
+        let got = find(&t, SystemTime::now() - std::time::Duration::from_secs(60)).unwrap();
+        assert_eq!(got, vec![d.join("r-1.jsonl")], "another user's file is not this user's job");
         std::fs::remove_dir_all(&d).unwrap();
     }
 

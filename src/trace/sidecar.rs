@@ -179,11 +179,12 @@ impl Sidecar {
     fn usage(&self) -> Usage {
         let n = ledger::device_count().max(ledger::highest_used_device() + 1).max(self.tally.denied.len());
         let member = crate::group::sharing::view();
+        let (events, dropped) = events::emitted_and_dropped();
         Usage {
             kind: "usage",
             t_ns: crate::log::monotonic_ns().saturating_sub(self.origin_mono_ns),
-            events: events::emitted(),
-            dropped: self.total_dropped(),
+            events,
+            dropped: dropped + self.dropped,
             devices: (0..n)
                 .map(|d| {
                     let group = crate::group::view(d);
