@@ -6,7 +6,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use vramcap_fuzz::config::Config;
-use vramcap_fuzz::config::limits::DeviceInfo;
+use vramcap_fuzz::limits::DeviceInfo;
 
 fuzz_target!(|data: &[u8]| {
     let vars = vramcap_fuzz::env_input::vars(data);

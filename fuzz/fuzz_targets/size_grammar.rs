@@ -3,8 +3,8 @@
 //! that is not written as zero never comes back as "no limit" (a cap must not fail open).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use vramcap_fuzz::config::limits::parse_list;
-use vramcap_fuzz::config::size::{Size, human, parse_size};
+use vramcap_fuzz::limits::parse_list;
+use vramcap_fuzz::size::{Size, human, parse_size};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(s) = std::str::from_utf8(data) else { return };

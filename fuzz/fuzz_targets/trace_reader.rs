@@ -4,6 +4,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use std::path::PathBuf;
+use vramcap_fuzz::analysis::policy::Policy as replay_policy;
 use vramcap_fuzz::analysis::{export, memviz, replay, report};
 
 fuzz_target!(|data: &[u8]| {
@@ -27,6 +28,8 @@ fuzz_target!(|data: &[u8]| {
     let _ = export::csv(&paths, &out, all);
     let _ = export::chrome(&paths, &out, all);
     let _ = memviz::export(&paths, &out, all);
-    let _ = replay::run("1GiB", &paths, &[], true);
-    let _ = replay::run("50%", &paths, &[1000], false);
+    for (limit, stagger, json, policy) in [("1GiB", &[][..], true, replay_policy::Shared), ("50%", &[1000][..], false, replay_policy::Equal)] {
+        let o = replay::Opts { limit, paths: &paths, stagger, json, policy, priority: &[], reserve: &[], headroom: None };
+        let _ = replay::run(&o);
+    }
 });

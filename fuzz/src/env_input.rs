@@ -1,5 +1,5 @@
 //! How `env_config` turns fuzzer bytes into an environment; also compiled by
-//! tests/fuzz_regressions.rs so saved inputs replay exactly. Lines of `NAME=value`; a name that
+//! tests/cli/fuzz_regressions.rs so saved inputs replay exactly. Lines of `NAME=value`; a name that
 //! is a single digit stands for one of the real names, so the fuzzer reaches every parser
 //! without having to spell them.
 

@@ -1,4 +1,4 @@
-"""Unit tests of the GPU check's pure parts (no GPU, no pip): run by tests/gpu_check_script.rs as
+"""Unit tests of the GPU check's pure parts (no GPU, no pip): run by tests/cli/gpu_check_script.rs as
 `python3 -m unittest discover -s scripts/gpu_check -p 'test_*.py'`."""
 
 import json

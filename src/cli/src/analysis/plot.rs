@@ -1,0 +1,308 @@
+//! `vramcap plot`: usage over time as an SVG (plotters). One panel per device; in each, the
+//! processes' charges stacked (the top edge is the device's combined usage), each process's cap
+//! as a red line, a group's budget as a dashed one, denials as red crosses. Time is in seconds
+//! since the earliest trace start. The time axis runs to the end of the last trace (its exit, from
+//! the summary) and one more step shows each process's state at its end, so memory still held at
+//! exit stays visible even when the peak shares the last bucket. The legend sits beside the
+//! chart, never on the data.
+//!
+//! Streaming: usage is kept on a time grid of at most `MAX_BUCKETS` buckets per series (the max
+//! within each bucket, so peaks survive); when the trace outgrows the grid, buckets merge
+//! pairwise and the bucket width doubles.
+
+use super::merge::{Align, Merged};
+use super::stats::next_used;
+use super::trace::Op;
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+
+const MAX_BUCKETS: usize = 2000;
+const MAX_MARKS: usize = 5000;
+const GIB: f64 = (1u64 << 30) as f64;
+
+struct Series {
+    proc_idx: usize,
+    dev: i32,
+    used: u64,
+    /// Per bucket: (max usage, usage after its last event); `None` = no event in that bucket.
+    /// Empty buckets carry the usage at the end of the last busy one, not its max: a peak that
+    /// came and went inside one bucket must not be drawn as lasting.
+    vals: Vec<Option<(u64, u64)>>,
+}
+
+struct Grid {
+    width: u64,
+    series: Vec<Series>,
+    /// Denials: (time, series).
+    marks: Vec<(u64, usize)>,
+    dropped_marks: u64,
+}
+
+impl Grid {
+    fn coarsen(&mut self) {
+        self.width *= 2;
+        for s in &mut self.series {
+            s.vals = s
+                .vals
+                .chunks(2)
+                .map(|c| {
+                    let max = c.iter().flatten().map(|v| v.0).max()?;
+                    Some((max, c.iter().flatten().last()?.1))
+                })
+                .collect();
+        }
+    }
+
+    fn record(&mut self, k: usize, t: u64, before: u64, after: u64) {
+        while (t / self.width) as usize >= MAX_BUCKETS {
+            self.coarsen();
+        }
+        let b = (t / self.width) as usize;
+        let s = &mut self.series[k];
+        if s.vals.len() <= b {
+            s.vals.resize(b + 1, None);
+        }
+        // The bucket also saw the usage before this event (from its start until now).
+        let first = s.vals[b].is_none();
+        let m = s.vals[b].map_or(0, |v| v.0).max(after).max(if first { before } else { 0 });
+        s.vals[b] = Some((m, after));
+    }
+
+    /// Usage of series k per bucket for `n` buckets: a busy bucket's max, an empty bucket the
+    /// usage the last busy one ended with.
+    fn filled(&self, k: usize, n: usize) -> Vec<u64> {
+        let mut last = 0;
+        (0..n)
+            .map(|b| match self.series[k].vals.get(b) {
+                Some(Some((max, end))) => {
+                    last = *end;
+                    *max
+                }
+                _ => last,
+            })
+            .collect()
+    }
+}
+
+fn clean(s: &str) -> String {
+    s.chars().map(|c| if matches!(c, '<' | '>' | '&' | '"' | '\'') { '_' } else { c }).collect()
+}
+
+pub fn plot(paths: &[PathBuf], out: &Path) -> Result<(), String> {
+    let mut m = Merged::open(paths, Align::WallClock)?;
+    let mut g = Grid { width: 1000, series: Vec::new(), marks: Vec::new(), dropped_marks: 0 };
+    let mut last_t = 0;
+    while let Some((i, e, t)) = m.next() {
+        if e.dev < 0 {
+            continue;
+        }
+        last_t = last_t.max(t);
+        let k = match g.series.iter().position(|s| s.proc_idx == i && s.dev == e.dev) {
+            Some(k) => k,
+            None => {
+                g.series.push(Series { proc_idx: i, dev: e.dev, used: 0, vals: Vec::new() });
+                g.series.len() - 1
+            }
+        };
+        let before = g.series[k].used;
+        let after = next_used(before, &e);
+        g.series[k].used = after;
+        g.record(k, t, before, after);
+        if e.op == Op::Deny {
+            if g.marks.len() < MAX_MARKS {
+                g.marks.push((t, k));
+            } else {
+                g.dropped_marks += 1;
+            }
+        }
+    }
+    m.finish_progress();
+    m.warn_input();
+    // Each trace's end: its exit from the summary when it has one.
+    for (i, r) in m.readers.iter().enumerate() {
+        if let Some(t) = r.summary.as_ref().and_then(|s| s.t_ns) {
+            last_t = last_t.max(m.base[i].saturating_add(t));
+        }
+    }
+    // The summary's charge at exit is the truth; events alone end elsewhere when some were dropped
+    // (a false leak, or a leak hidden). The last step goes to the summary's figure at the end.
+    for k in 0..g.series.len() {
+        let (i, dev, used) = (g.series[k].proc_idx, g.series[k].dev, g.series[k].used);
+        let Some(s) = m.readers[i].summary.as_ref() else { continue };
+        if let Some(exit) = s.used_at_exit(dev).filter(|&u| u != used) {
+            let t = s.t_ns.map_or(last_t, |t| m.base[i].saturating_add(t));
+            g.record(k, t, used, exit);
+            g.series[k].used = exit;
+        }
+    }
+    draw(&m, &g, last_t, out).map_err(|e| format!("{}: cannot draw: {e}", out.display()))?;
+    if g.dropped_marks > 0 {
+        eprintln!("vramcap: {} more denials not marked (the plot marks the first {MAX_MARKS})", g.dropped_marks);
+    }
+    eprintln!("vramcap: wrote {}", out.display());
+    Ok(())
+}
+
+fn draw(m: &Merged, g: &Grid, last_t: u64, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let mut devs: Vec<i32> = g.series.iter().map(|s| s.dev).collect();
+    devs.sort();
+    devs.dedup();
+    let panels = devs.len().max(1);
+    let root = SVGBackend::new(out, (1200, 60 + 340 * panels as u32)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let title = if m.readers.len() == 1 {
+        let h = &m.readers[0].header;
+        format!("GPU memory: {} (pid {}) on {}", clean(&h.exe), h.pid, clean(&h.host))
+    } else {
+        format!("GPU memory: {} processes", m.readers.len())
+    };
+    let root = root.titled(&title, ("sans-serif", 22))?;
+    let areas = root.split_evenly((panels, 1));
+    // One step past the last trace's end: there every series holds its value at its end.
+    let end_bucket = (last_t / g.width) as usize + 1;
+    let n = end_bucket + (end_bucket / 40).max(1);
+    let unit_ns = 1e9;
+    let secs = |b: usize| (b as u64 * g.width) as f64 / unit_ns;
+    let xmax = secs(n).max(1e-9);
+    for (area, &dev) in areas.iter().zip(devs.iter()) {
+        let (area, legend_area) = area.split_horizontally(area.dim_in_pixel().0.saturating_sub(LEGEND_WIDTH));
+        let mut legend: Vec<(String, RGBColor, bool)> = Vec::new();
+        let ks: Vec<usize> = (0..g.series.len()).filter(|&k| g.series[k].dev == dev).collect();
+        // Stack: cumulative sums in series order.
+        let mut stacked: Vec<Vec<u64>> = Vec::new();
+        for &k in &ks {
+            let v = g.filled(k, n);
+            let base = stacked.last().cloned().unwrap_or_else(|| vec![0; n]);
+            stacked.push(v.iter().zip(base.iter()).map(|(a, b)| a + b).collect());
+        }
+        let caps: Vec<(usize, u64)> = ks
+            .iter()
+            .filter_map(|&k| {
+                let h = &m.readers[g.series[k].proc_idx].header;
+                h.devices.iter().find(|d| d.index == dev).and_then(|d| d.limit).map(|l| (k, l))
+            })
+            .collect();
+        let group_caps: Vec<u64> = {
+            let mut v: Vec<u64> = ks
+                .iter()
+                .filter_map(|&k| m.readers[g.series[k].proc_idx].header.devices.iter().find(|d| d.index == dev).and_then(|d| d.group_limit))
+                .collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        let top = stacked.last().and_then(|v| v.iter().max().copied()).unwrap_or(0);
+        let cap_max = caps.iter().map(|c| c.1).chain(group_caps.iter().copied()).max().unwrap_or(0);
+        let ymax = (top.max(cap_max) as f64 / GIB * 1.1).max(1e-3);
+        let mut chart = ChartBuilder::on(&area)
+            .caption(format!("GPU {dev}"), ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..xmax, 0f64..ymax)?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds since the first trace start")
+            .y_desc("GiB charged")
+            .x_label_formatter(&|v| tick(*v))
+            .y_label_formatter(&|v| tick(*v))
+            .draw()?;
+        // Draw the tallest layer first so each lower layer paints over it.
+        for (j, &k) in ks.iter().enumerate().rev() {
+            let color = Palette99::pick(g.series[k].proc_idx);
+            let h = &m.readers[g.series[k].proc_idx].header;
+            // Steps, not slopes: each bucket holds its value for its whole width.
+            let pts: Vec<(f64, f64)> = stacked[j].iter().enumerate().flat_map(|(b, v)| [(secs(b), *v as f64 / GIB), (secs(b + 1), *v as f64 / GIB)]).collect();
+            chart.draw_series(AreaSeries::new(pts, 0.0, color.mix(0.45)).border_style(color.stroke_width(1)))?;
+            let s = &g.series[k];
+            let c = color.to_rgba();
+            let dropped = m.readers[g.series[k].proc_idx].summary.as_ref().map_or(0, |s| s.dropped);
+            let note = if dropped > 0 { format!(" ({dropped} event(s) dropped)") } else { String::new() };
+            legend.push((format!("pid {} ({}): {} at end{note}", h.pid, clean(&h.exe), vramcap_common::grammar::size::human(s.used)), RGBColor(c.0, c.1, c.2), false));
+        }
+        for &gc in &group_caps {
+            let y = gc as f64 / GIB;
+            chart.draw_series(DashedLineSeries::new(vec![(0.0, y), (xmax, y)], 8, 4, RED.stroke_width(2)))?;
+            let name = ks.iter().find_map(|&k| m.readers[g.series[k].proc_idx].header.group.clone()).unwrap_or_default();
+            legend.push((format!("group \"{}\" budget {}", clean(&name), vramcap_common::grammar::size::human(gc)), RED, true));
+        }
+        let mut same = caps.clone();
+        same.dedup_by_key(|c| c.1);
+        for (k, cap) in &same {
+            let y = *cap as f64 / GIB;
+            let label = if same.len() == 1 { "cap".to_string() } else { format!("cap pid {}", m.readers[g.series[*k].proc_idx].header.pid) };
+            chart.draw_series(LineSeries::new(vec![(0.0, y), (xmax, y)], RED.stroke_width(2)))?;
+            legend.push((format!("{label} {}", vramcap_common::grammar::size::human(*cap)), RED, true));
+        }
+        let marks: Vec<(f64, f64)> = g
+            .marks
+            .iter()
+            .filter_map(|&(t, k)| {
+                let j = ks.iter().position(|&x| x == k)?;
+                let b = ((t / g.width) as usize).min(n - 1);
+                Some((t as f64 / unit_ns, stacked[j][b] as f64 / GIB))
+            })
+            .collect();
+        if !marks.is_empty() {
+            chart.draw_series(marks.into_iter().map(|p| Cross::new(p, 5, RED.stroke_width(2))))?;
+            legend.push(("denied".into(), RED, false));
+        }
+        if let Some(end) = stacked.last().map(|v| v[n - 1]) {
+            legend.push((format!("all: {} held at the end", vramcap_common::grammar::size::human(end)), BLACK, false));
+        }
+        draw_legend(&legend_area, &legend)?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+const LEGEND_WIDTH: u32 = 300;
+
+/// The legend, in its own column to the right of the chart: a swatch (a line for caps) and a label.
+fn draw_legend<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, items: &[(String, RGBColor, bool)]) -> Result<(), Box<dyn std::error::Error>>
+where
+    DB::ErrorType: 'static,
+{
+    for (i, (label, color, line)) in items.iter().enumerate() {
+        let y = 50 + 22 * i as i32;
+        if *line {
+            area.draw(&PathElement::new(vec![(8, y), (24, y)], color.stroke_width(2)))?;
+        } else {
+            area.draw(&Rectangle::new([(8, y - 6), (24, y + 6)], color.mix(0.6).filled()))?;
+        }
+        area.draw(&Text::new(label.clone(), (32, y - 7), ("sans-serif", 13)))?;
+    }
+    Ok(())
+}
+
+/// A tick label without needless decimals: 0, 0.5, 1.25, 2 (at most 6 significant decimals).
+fn tick(v: f64) -> String {
+    if v == 0.0 {
+        return "0".into();
+    }
+    let s = format!("{v:.6}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" { "0".into() } else { s.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peak_inside_one_bucket_is_not_carried_forward() {
+        let mut g = Grid { width: 10, series: Vec::new(), marks: Vec::new(), dropped_marks: 0 };
+        g.series.push(Series { proc_idx: 0, dev: 0, used: 0, vals: Vec::new() });
+        g.record(0, 1, 0, 100); // bucket 0: up to 100 ...
+        g.record(0, 5, 100, 20); // ... and back to 20
+        g.record(0, 35, 20, 30); // bucket 3
+        assert_eq!(g.filled(0, 5), vec![100, 20, 20, 30, 30]);
+        g.coarsen(); // [0,1] [2,3] [4]
+        assert_eq!(g.filled(0, 3), vec![100, 30, 30]);
+    }
+
+    #[test]
+    fn tick_labels_have_no_needless_decimals() {
+        assert_eq!([tick(0.0), tick(0.5), tick(2.0), tick(1.25), tick(0.000123)], ["0", "0.5", "2", "1.25", "0.000123"]);
+    }
+}

@@ -1,0 +1,311 @@
+//! The platform's ceiling: `/etc/vramcap/limits`, a root-owned file of `KEY=VALUE` lines with the
+//! variables' names and grammar (issue 15). The environment of a process can be changed by
+//! anything running in its container, so when the file exists it is the ceiling: the environment
+//! may lower limits and add a trace, but never raise a limit (both are resolved per device and
+//! the smaller wins: [`cap`]), leave the file's group, name another driver, or disable vramcap.
+//! A refused override says so once on stderr.
+//!
+//! In secure-execution mode (`getauxval(AT_SECURE)`: setuid, setgid, file capabilities, where
+//! `/etc/ld.so.preload` still loads us) the caller's environment must not choose what the
+//! privileged process opens: every variable naming a file, socket, directory or library is
+//! ignored (with a line), leaving the ceiling file and defaults.
+//!
+//! The path is a constant on purpose: a variable or file that moved it would be the attacker's
+//! way out. Tests run as root in a mount namespace with their own `/etc` (tests/preload/ceiling.rs).
+
+use super::Config;
+use crate::grammar::group::GroupConfig;
+use crate::grammar::limits::{ConfigError, LimitSpec};
+use crate::grammar::names;
+
+pub const PATH: &str = "/etc/vramcap/limits";
+
+/// Variables that name something the process opens: never from the environment of a
+/// secure-execution process.
+pub const PATH_VARS: &[&str] =
+    &["VRAMCAP_REAL_LIBCUDA", "VRAMCAP_REAL_LIBNVML", "VRAMCAP_TRACE", "VRAMCAP_SIDECAR", "VRAMCAP_GROUP_DIR"];
+
+/// The file's limits, which the environment's can only lower.
+#[derive(Debug, Clone, Default)]
+pub struct Ceiling {
+    pub path: String,
+    pub limits: LimitSpec,
+    pub group_limits: LimitSpec,
+}
+
+/// setuid, setgid or file capabilities: the loader's secure-execution mode.
+pub fn secure_mode() -> bool {
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}
+
+/// Why a file or directory we would trust is not safe: not root's, or writable by a non-root
+/// group or by everyone.
+fn untrusted(st: &libc::stat) -> Option<String> {
+    if st.st_uid != 0 {
+        return Some(format!("owned by uid {}, not root", st.st_uid));
+    }
+    if st.st_mode & 0o002 != 0 || (st.st_mode & 0o020 != 0 && st.st_gid != 0) {
+        return Some(format!("writable by users other than root (mode {:o})", st.st_mode & 0o7777));
+    }
+    None
+}
+
+/// The file's lines: `Ok(None)` if there is no file; `Err(warning)` if it exists but cannot be
+/// trusted or read (then it is ignored, with that warning). A symbolic link is followed (a
+/// Kubernetes ConfigMap volume's files are links into the volume): only root can place one in
+/// the root-owned directory we check, and the file opened must be root's too.
+pub fn read_file(path: &str) -> Result<Option<String>, String> {
+    let c = std::ffi::CString::new(path).map_err(|_| format!("{path:?}: NUL byte"))?;
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENOENT) { Ok(None) } else { Err(format!("ignoring {path}: {e}")) };
+    }
+    use std::os::fd::FromRawFd;
+    let f = unsafe { std::fs::File::from_raw_fd(fd) };
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(format!("ignoring {path}: not a regular file"));
+    }
+    if let Some(why) = untrusted(&st) {
+        return Err(format!("ignoring {path}: {why}; the ceiling file must be root's and writable only by root"));
+    }
+    let dir = std::path::Path::new(path).parent().unwrap_or(std::path::Path::new("/"));
+    let dc = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap_or_default();
+    let mut dst: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::stat(dc.as_ptr(), &mut dst) } != 0 {
+        return Err(format!("ignoring {path}: cannot inspect {}", dir.display()));
+    }
+    if let Some(why) = untrusted(&dst) {
+        return Err(format!("ignoring {path}: its directory {} is {why}", dir.display()));
+    }
+    let mut text = String::new();
+    use std::io::Read;
+    f.take(1 << 16).read_to_string(&mut text).map_err(|e| format!("ignoring {path}: {e}"))?;
+    Ok(Some(text))
+}
+
+/// `KEY=VALUE` lines; `#` comments and blank lines skipped. A line we cannot read is an error:
+/// a platform's ceiling that does not say what it meant fails closed.
+pub fn parse(path: &str, text: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    let mut vars = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let bad = |reason: &str| ConfigError {
+            var: format!("{path} line {}", n + 1),
+            value: line.to_string(),
+            reason: reason.to_string(),
+            expected: "KEY=VALUE with a vramcap variable's name and grammar (docs/configuration.md)".into(),
+        };
+        let (k, v) = line.split_once('=').ok_or_else(|| bad("no `=`"))?;
+        let k = k.trim();
+        if !(names::is_known(k) || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT")) {
+            return Err(bad(&format!("unknown variable {k} (did you mean {}?)", names::nearest(k))));
+        }
+        vars.push((k.to_string(), v.trim().to_string()));
+    }
+    Ok(vars)
+}
+
+fn truthy(v: &str) -> bool {
+    matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
+}
+
+/// The configuration from the ceiling file's text (if any) and the environment. Pure.
+pub fn merge(file: Option<(&str, &str)>, env: &[(String, String)], secure: bool) -> Config {
+    let mut warnings = Vec::new();
+    let env: Vec<(String, String)> = env
+        .iter()
+        .filter(|(k, v)| {
+            let drop = secure && PATH_VARS.contains(&k.as_str()) && !v.trim().is_empty();
+            if drop {
+                warnings.push(format!(
+                    "ignoring {k}: this process runs in secure-execution mode (setuid, setgid or capabilities), \
+                     where files, sockets and libraries come only from {PATH} and the defaults"
+                ));
+            }
+            !drop
+        })
+        .cloned()
+        .collect();
+    let Some((path, text)) = file else {
+        let mut c = Config::from_vars(&env);
+        c.warnings.splice(0..0, warnings);
+        return c;
+    };
+    let fvars = match parse(path, text) {
+        Ok(v) => v,
+        Err(e) => {
+            let mut c = Config::from_vars(&[]);
+            c.error = Some(e);
+            return c;
+        }
+    };
+    let fc = Config::from_vars(&fvars);
+    if let Some(mut e) = fc.error {
+        e.reason = format!("{} (in {path})", e.reason);
+        let mut c = Config::from_vars(&[]);
+        c.error = Some(e);
+        return c;
+    }
+    let refuse = |k: &str, v: &str, why: &str| format!("ignoring {k}={v:?}: {path} sets this machine's ceiling, {why}");
+    let mut merged = fvars.clone();
+    for (k, v) in &env {
+        let file_value = fvars.iter().find(|(fk, _)| fk == k).map(|(_, fv)| fv.as_str());
+        let refused = match k.as_str() {
+            "VRAMCAP_DISABLE" => (truthy(v) && !fc.disabled).then_some("which the environment cannot turn off"),
+            "VRAMCAP_GROUP" | "VRAMCAP_GROUP_DIR" if fc.group.is_some() && file_value != Some(v.trim()) && !v.trim().is_empty() => {
+                Some("whose group the environment cannot leave")
+            }
+            k if is_sharing_setting(k) && file_value.is_some_and(|f| f.trim() != v.trim()) && !v.trim().is_empty() => {
+                Some("and a job's share of its group is the platform's to set")
+            }
+            "VRAMCAP_REAL_LIBCUDA" | "VRAMCAP_REAL_LIBNVML" if file_value != Some(v.trim()) && !v.trim().is_empty() => {
+                Some("and the driver it counts is not the environment's to choose")
+            }
+            _ => None,
+        };
+        if let Some(why) = refused {
+            warnings.push(refuse(k, v, why));
+            continue;
+        }
+        // Not refused but the file's stands: the same value, a blank, or a "0".
+        match k.as_str() {
+            "VRAMCAP_DISABLE" | "VRAMCAP_REAL_LIBCUDA" | "VRAMCAP_REAL_LIBNVML" => continue,
+            "VRAMCAP_GROUP" | "VRAMCAP_GROUP_DIR" if fc.group.is_some() => continue,
+            _ => {}
+        }
+        // Limits (capped by the file's at resolve time), a trace, the sidecar, the log level.
+        merged.retain(|(mk, _)| mk != k);
+        merged.push((k.clone(), v.clone()));
+    }
+    let mut c = Config::from_vars(&merged);
+    // The file's group stands whatever the environment's limits did (a process limit would
+    // otherwise turn HAMi's container budget off).
+    if let Some(fg) = &fc.group
+        && c.error.is_none()
+    {
+        let limits = match &c.group {
+            Some(g) if g.name == fg.name && !g.limits.is_empty() => g.limits.clone(),
+            _ => fg.limits.clone(),
+        };
+        // Sharing settings come through `merged`: the file's where it sets them (refused from
+        // the environment above), else the environment's.
+        let mut g = GroupConfig { name: fg.name.clone(), limits, dir: fg.dir.clone(), ..fg.clone() };
+        if let Some(e) = c.group.as_ref() {
+            (g.policy, g.priority, g.reserve, g.headroom) = (e.policy, e.priority, e.reserve.clone(), e.headroom.clone());
+        }
+        c.group = Some(g);
+    }
+    c.disabled = fc.disabled;
+    c.ceiling = Some(Ceiling {
+        path: path.to_string(),
+        limits: fc.limits.clone(),
+        group_limits: fc.group.as_ref().map(|g| g.limits.clone()).unwrap_or_default(),
+    });
+    c.warnings.splice(0..0, warnings);
+    c
+}
+
+/// Lowers each device's limit to the ceiling's (0 = no limit on either side); returns the
+/// devices where the environment asked for more.
+pub fn cap(limits: &mut [u64], ceiling: &[u64]) -> Vec<usize> {
+    let mut raised = Vec::new();
+    for (d, (l, &c)) in limits.iter_mut().zip(ceiling).enumerate() {
+        if c != 0 && (*l == 0 || *l > c) {
+            raised.push(d);
+            *l = c;
+        }
+    }
+    raised
+}
+
+/// The process's configuration: the ceiling file (when present and trusted) and the environment.
+pub fn from_env_vars(env: &[(String, String)]) -> Config {
+    let secure = secure_mode();
+    match read_file(PATH) {
+        Ok(Some(text)) => merge(Some((PATH, &text)), env, secure),
+        Ok(None) => merge(None, env, secure),
+        Err(w) => {
+            let mut c = merge(None, env, secure);
+            c.warnings.insert(0, w);
+            c
+        }
+    }
+}
+
+/// `VRAMCAP_GROUP_POLICY`, `VRAMCAP_PRIORITY`, `VRAMCAP_GROUP_RESERVE[_<i>]`,
+/// `VRAMCAP_GROUP_HEADROOM[_<i>]`: where the ceiling file sets one, the environment cannot change it.
+fn is_sharing_setting(k: &str) -> bool {
+    k == "VRAMCAP_GROUP_POLICY" || k == "VRAMCAP_PRIORITY" || k.starts_with("VRAMCAP_GROUP_RESERVE") || k.starts_with("VRAMCAP_GROUP_HEADROOM")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+    }
+
+    const FILE: &str = "# platform\nVRAMCAP_LIMIT=20g\nVRAMCAP_GROUP=pod-a\nVRAMCAP_GROUP_LIMIT=40g\nVRAMCAP_GROUP_DIR=/run/vramcap\n";
+
+    #[test]
+    fn the_environment_cannot_disable_leave_or_swap_the_driver() {
+        let c = merge(
+            Some((PATH, FILE)),
+            &env(&[
+                ("VRAMCAP_DISABLE", "1"),
+                ("VRAMCAP_GROUP", "other"),
+                ("VRAMCAP_GROUP_DIR", "/tmp"),
+                ("VRAMCAP_REAL_LIBCUDA", "/tmp/x.so"),
+                ("VRAMCAP_TRACE", "/tmp/t.jsonl"),
+            ]),
+            false,
+        );
+        assert!(c.error.is_none(), "{:?}", c.error);
+        assert!(!c.disabled);
+        let g = c.group.unwrap();
+        assert_eq!((g.name.as_deref(), g.dir.as_str()), (Some("pod-a"), "/run/vramcap"));
+        assert_eq!(c.real_libcuda, None);
+        assert_eq!(c.trace.as_deref(), Some("/tmp/t.jsonl"), "a trace may be added");
+        assert_eq!(c.warnings.len(), 4, "{:?}", c.warnings);
+        assert!(c.warnings.iter().all(|w| w.contains(PATH)));
+    }
+
+    #[test]
+    fn limits_from_the_environment_are_capped_not_dropped() {
+        // HAMi's container budget in the file; a process limit in the environment would turn
+        // the group off without the ceiling.
+        let c = merge(Some((PATH, "CUDA_DEVICE_MEMORY_LIMIT=1g\n")), &env(&[("VRAMCAP_LIMIT", "80g")]), false);
+        assert!(c.group.is_some() && !c.limits.is_empty());
+        let mut l = vec![80 << 30, 0, 1 << 20];
+        assert_eq!(cap(&mut l, &[20 << 30, 20 << 30, 20 << 30]), vec![0, 1]);
+        assert_eq!(l, vec![20 << 30, 20 << 30, 1 << 20]);
+        let mut l = vec![5];
+        assert_eq!(cap(&mut l, &[0]), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn secure_mode_ignores_every_path_from_the_environment() {
+        let c = merge(None, &env(&[("VRAMCAP_TRACE", "/x"), ("VRAMCAP_REAL_LIBCUDA", "/y"), ("VRAMCAP_SIDECAR", "/s"), ("VRAMCAP_LIMIT", "1g")]), true);
+        assert_eq!((c.trace, c.real_libcuda, c.sidecar), (None, None, None));
+        assert_eq!(c.limits.entries.len(), 1);
+        assert_eq!(c.warnings.len(), 3);
+        // The file's paths still count.
+        let c = merge(Some((PATH, "VRAMCAP_TRACE=/var/log/t\n")), &env(&[("VRAMCAP_TRACE", "/x")]), true);
+        assert_eq!(c.trace.as_deref(), Some("/var/log/t"));
+    }
+
+    #[test]
+    fn a_bad_file_fails_closed() {
+        for text in ["VRAMCAP_LIMIT 8g\n", "VRAMCAP_LIMITS=8g\n", "VRAMCAP_LIMIT=lots\n"] {
+            let c = merge(Some((PATH, text)), &[], false);
+            let e = c.error.expect(text);
+            assert!(e.to_string().contains(PATH) || e.to_string().contains("VRAMCAP_LIMIT"), "{e}");
+        }
+    }
+}

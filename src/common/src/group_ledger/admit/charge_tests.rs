@@ -1,0 +1,120 @@
+//! Charging and reclaiming on a ledger in memory, under the default (shared) policy.
+
+use super::*;
+use crate::group_ledger::shm::{Liveness, Member};
+
+/// A zeroed `Shared` on the heap: the same state a fresh file has.
+fn fresh() -> Box<Shared> {
+    let layout = std::alloc::Layout::new::<Shared>();
+    unsafe { Box::from_raw(std::alloc::alloc_zeroed(layout).cast::<Shared>()) }
+}
+
+#[test]
+fn charges_respect_the_limit_and_release_exactly() {
+    let s = fresh();
+    s.set_limit(0, 100);
+    let m = s.claim(10, 5, 7).unwrap();
+    assert!(s.charge(m, 0, 60).is_ok());
+    assert_eq!(s.charge(m, 0, 41), Err(Over { used: 60, limit: 100, rule: Rule::Budget }));
+    assert!(s.charge(m, 0, 40).is_ok());
+    assert_eq!(s.uncharge(m, 0, 30), 30);
+    assert_eq!(s.used(0), 70);
+    // More than the slot holds: only what it holds leaves the group.
+    let other = s.claim(11, 5, 7).unwrap();
+    s.charge(other, 0, 20).unwrap();
+    assert_eq!(s.uncharge(m, 0, 1000), 70);
+    assert_eq!(s.used(0), 20);
+    assert_eq!(s.devices[0].peak.load(Relaxed), 100);
+    s.set_limit(0, 0);
+    assert!(s.charge(m, 0, u64::MAX / 2).is_ok(), "0 = no limit");
+}
+
+#[test]
+fn dead_members_are_reclaimed_once_and_pid_reuse_is_not_death() {
+    let s = fresh();
+    let dead = s.claim(100, 1111, 7).unwrap();
+    let live = s.claim(100, 2222, 7).unwrap(); // same pid, newer start: the pid was reused
+    s.charge(dead, 3, 500).unwrap();
+    s.charge(live, 3, 70).unwrap();
+    // The only process with pid 100 started at 2222.
+    let oracle = |ms: &[Member]| {
+        ms.iter()
+            .map(|m| if m.pid == 100 && (m.start == 2222 || m.start == 0) { Liveness::Alive } else { Liveness::Dead })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(s.reclaim_dead(1, &oracle), (1, 500));
+    assert_eq!(s.used(3), 70);
+    assert_eq!(SlotWord::unpack(s.slots[live].word.load(Relaxed)).state, State::Live);
+    assert_eq!(s.slots[live].charge[3].load(Relaxed), 70);
+    assert_eq!(s.reclaim_dead(1, &oracle), (0, 0), "exactly once");
+    // A stale view of the reclaimed slot (older generation) cannot reclaim the new owner.
+    let stale = SlotWord { state: State::Live, generation: 1, pid: 100 }.pack();
+    let again = s.claim(300, 9, 7).unwrap();
+    assert_eq!(again, dead);
+    s.charge(again, 3, 5).unwrap();
+    assert_eq!(s.reclaim(again, stale, 1), None);
+    assert_eq!(s.used(3), 75);
+    assert_eq!(s.members(), 2);
+}
+
+#[test]
+fn a_reclaimer_that_died_midway_is_taken_over() {
+    let s = fresh();
+    let m = s.claim(50, 1, 7).unwrap();
+    s.charge(m, 0, 8).unwrap();
+    // Reclaimer 60 took the slot and died before emptying it.
+    let w = s.slots[m].word.load(Relaxed);
+    let stuck = SlotWord { state: State::Reclaiming, pid: 60, ..SlotWord::unpack(w) }.pack();
+    s.slots[m].word.store(stuck, Relaxed);
+    let oracle = |ms: &[Member]| {
+        ms.iter().map(|m| if m.pid == 60 || m.pid == 50 { Liveness::Dead } else { Liveness::Alive }).collect::<Vec<_>>()
+    };
+    assert_eq!(s.reclaim_dead(7, &oracle), (1, 8));
+    assert_eq!(s.used(0), 0);
+    assert_eq!(s.members(), 0);
+}
+
+#[test]
+fn a_taken_over_reclaim_frees_once_and_never_over_a_new_claim() {
+    let s = fresh();
+    let m = s.claim(50, 1, 7).unwrap();
+    s.charge(m, 0, 8).unwrap();
+    let w = s.slots[m].word.load(Relaxed);
+    // Observer A starts emptying; observer B judges A dead and takes over and finishes.
+    let a = SlotWord { state: State::Reclaiming, pid: 60, ..SlotWord::unpack(w) }.pack();
+    s.slots[m].word.store(a, Relaxed);
+    assert_eq!(s.reclaim(m, a, 61), Some(8));
+    // A new member takes the slot; A's late finish must not free it.
+    let again = s.claim(70, 2, 7).unwrap();
+    assert_eq!(again, m);
+    let free = SlotWord { state: State::Free, generation: SlotWord::unpack(a).generation, pid: 0 }.pack();
+    assert!(s.slots[m].word.compare_exchange(a, free, AcqRel, Relaxed).is_err());
+    assert_eq!(SlotWord::unpack(s.slots[m].word.load(Relaxed)).state, State::Live);
+    assert_eq!((s.slots[m].pidns.load(Relaxed), s.slots[m].start.load(Relaxed)), (7, 2));
+    assert_eq!(s.used(0), 0);
+}
+
+#[test]
+fn racing_threads_never_exceed_and_end_at_zero() {
+    let s: &'static Shared = Box::leak(fresh());
+    s.set_limit(0, 1000);
+    let ts: Vec<_> = (0..8u32)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let m = s.claim(1000 + t, 1, 7).unwrap();
+                for i in 0..20_000u64 {
+                    if s.charge(m, 0, 1 + i % 13).is_ok() {
+                        assert!(s.used(0) <= 1000);
+                        s.uncharge(m, 0, 1 + i % 13);
+                    }
+                }
+                s.slots[m].charge[0].load(Relaxed)
+            })
+        })
+        .collect();
+    for t in ts {
+        assert_eq!(t.join().unwrap(), 0);
+    }
+    assert_eq!(s.used(0), 0);
+    assert!(s.devices[0].peak.load(Relaxed) <= 1000);
+}

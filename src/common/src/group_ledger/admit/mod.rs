@@ -1,0 +1,401 @@
+//! Admission: how a member's request is decided under the group's policy (issue 17;
+//! docs/configuration.md, "Sharing one GPU: policies").
+//!
+//! Per device the ledger keeps `used` (what members hold) and `held` = `used` + every member's
+//! unmet reserve. Every rule is decided by compare-and-swap on the word the rule is about, as
+//! part of the reservation itself, never by a look followed by an act:
+//!
+//! - the budget and reserves: one CAS on `held` (`held + need ≤ limit − headroom`, where `need`
+//!   is the request minus what the member's own unmet reserve covers);
+//! - the headroom: the same CAS with the whole limit, for the one member holding the headroom;
+//! - `equal`: one CAS on the member's own charge (`charge + size ≤ share`, share = budget / N);
+//! - `priority`: a member that does not fit takes unmet reserve of lower priorities, each piece
+//!   with one CAS on that member's `unmet` (a piece is had by exactly one side), then decides on
+//!   `held` as above; what it took stays counted in `held` throughout.
+//!
+//! Every step that a kill could interrupt leaves `held` (or `used`) too high: a member killed in
+//! the middle of a request costs the others at most that request until its slot is reclaimed.
+
+use super::shm::{DEVICES, Over, Policy, Rule, Shared, SlotWord, State, holder_token, sub_saturating};
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+/// What a granted request took: from the member's own unmet reserve (`own`), from `held`
+/// (`added`), and from lower-priority members' unmet reserves (`stolen`, counted in `held`
+/// already); `held` after it, and the device's limit and headroom as the request saw them.
+struct Taken {
+    own: u64,
+    added: u64,
+    stolen: Vec<(usize, u64)>,
+    held_after: u64,
+    limit: u64,
+    headroom: u64,
+}
+
+/// Adds `v` to `a` if the result stays ≤ `bound`; `Err(current)` otherwise.
+#[inline]
+fn add_bounded(a: &AtomicU64, v: u64, bound: u64) -> Result<u64, u64> {
+    let mut cur = a.load(Relaxed);
+    loop {
+        let next = match cur.checked_add(v) {
+            Some(n) if n <= bound => n,
+            _ => return Err(cur),
+        };
+        match a.compare_exchange_weak(cur, next, AcqRel, Relaxed) {
+            Ok(_) => return Ok(next),
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+/// Takes up to `v` from `a`; returns what was taken (fast when `a` is 0: one load).
+#[inline]
+fn take(a: &AtomicU64, v: u64) -> u64 {
+    if v == 0 || a.load(Relaxed) == 0 { 0 } else { sub_saturating(a, v) }
+}
+
+/// Raises `a` by up to `v`, never above `cap`; returns the raise.
+fn refill(a: &AtomicU64, v: u64, cap: u64) -> u64 {
+    let mut cur = a.load(Relaxed);
+    loop {
+        let add = v.min(cap.saturating_sub(cur));
+        if add == 0 {
+            return 0;
+        }
+        match a.compare_exchange_weak(cur, cur + add, AcqRel, Relaxed) {
+            Ok(_) => return add,
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+#[inline]
+fn note_peak(d: &super::shm::Device, held: u64) {
+    // Unmet reserves are not use: only a member with a reserve pays the second load.
+    if held > d.peak.load(Relaxed) {
+        let used = held.saturating_sub(d.unmet.load(Relaxed));
+        d.peak.fetch_max(used, Relaxed);
+    }
+}
+
+/// Takes up to `v` of slot `s`'s unmet reserve on `e`, keeping the device's sum in step.
+#[inline]
+fn take_own(d: &super::shm::Device, unmet: &AtomicU64, v: u64) -> u64 {
+    let t = take(unmet, v);
+    if t > 0 {
+        sub_saturating(&d.unmet, t);
+    }
+    t
+}
+
+/// Puts `v` back into an unmet reserve (and the device's sum), up to `cap`; returns it.
+fn give_unmet(d: &super::shm::Device, unmet: &AtomicU64, v: u64, cap: u64) -> u64 {
+    let back = refill(unmet, v, cap);
+    if back > 0 {
+        d.unmet.fetch_add(back, AcqRel);
+    }
+    back
+}
+
+impl Shared {
+    pub fn policy(&self) -> Policy {
+        Policy::from_word(self.header.policy.load(Acquire)).unwrap_or(Policy::Shared)
+    }
+
+    /// Whether slot `i` holds the group's headroom.
+    #[inline]
+    pub fn holds_headroom(&self, i: usize) -> bool {
+        let h = self.header.headroom_holder.load(Acquire);
+        h != 0 && h == holder_token(i, SlotWord::unpack(self.slots[i].word.load(Acquire)).generation)
+    }
+
+    /// The budget slot `i` may fill on device `e`: the limit, less the headroom unless it
+    /// holds it. `(limit, budget, headroom)`; a limit of 0 (none) reads as `u64::MAX`.
+    #[inline]
+    fn budget(&self, i: usize, e: usize) -> (u64, u64, u64) {
+        let d = &self.devices[e];
+        let limit = match d.limit.load(Acquire) {
+            0 => return (u64::MAX, u64::MAX, 0),
+            l => l,
+        };
+        let headroom = self.headroom(e).min(limit);
+        let budget = if headroom == 0 || self.holds_headroom(i) { limit } else { limit - headroom };
+        (limit, budget, headroom)
+    }
+
+    /// `equal`'s share of slot `i` on `e`: (share, budget it divides, members).
+    pub fn share(&self, i: usize, e: usize) -> Option<(u64, u64, u64)> {
+        // The policy word first: a read-mostly line, so `shared` and `priority` pay one load.
+        if self.header.policy.load(Relaxed) != Policy::Equal as u32 {
+            return None;
+        }
+        let (limit, _, headroom) = self.budget(i, e);
+        if limit == u64::MAX {
+            return None;
+        }
+        let n = self.header.members.load(Acquire).max(1);
+        let base = limit - headroom;
+        let extra = if headroom > 0 && self.holds_headroom(i) { headroom } else { 0 };
+        Some((base / n + extra, base, n))
+    }
+
+    /// Reserves `size` on device entry `e` for the member in slot `i` and records it as its
+    /// charge: the reservation and every rule of the policy in one step (see the module).
+    /// Inlined into the library's group step (another crate): it is the group's hot path.
+    #[inline(always)]
+    pub fn charge(&self, i: usize, e: usize, size: u64) -> Result<(), Over> {
+        let t = self.admit(i, e, size)?;
+        let d = &self.devices[e];
+        note_peak(d, t.held_after);
+        if t.headroom > 0 {
+            let free_after = t.limit.saturating_sub(t.held_after);
+            let free_before = free_after.saturating_add(t.added);
+            if free_before >= t.headroom && free_after < t.headroom {
+                // The headroom is being used: neighbours give back what they hold unused.
+                self.header.pressure.fetch_add(1, AcqRel);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether [`Shared::charge`] would grant `size` now, leaving the ledger as it was: for a
+    /// replay judging a request that the recorded run refused (a ledger nobody else writes).
+    pub fn probe(&self, i: usize, e: usize, size: u64) -> Result<(), Over> {
+        let t = self.admit(i, e, size)?;
+        let (d, s) = (&self.devices[e], &self.slots[i]);
+        sub_saturating(&s.charge[e], size);
+        sub_saturating(&d.held, t.added);
+        give_unmet(d, &s.unmet[e], t.own, u64::MAX);
+        self.give_back(e, &t.stolen);
+        Ok(())
+    }
+
+    /// The rules of [`Shared::charge`]: on success the request is charged and `held` raised.
+    #[inline(always)]
+    fn admit(&self, i: usize, e: usize, size: u64) -> Result<Taken, Over> {
+        let (d, s) = (&self.devices[e], &self.slots[i]);
+        let (limit, budget, headroom) = self.budget(i, e);
+        // The member's own unmet reserve first: that part is in `held` already.
+        let own = take_own(d, &s.unmet[e], size);
+        let need = size - own;
+        let mut stolen: Vec<(usize, u64)> = Vec::new();
+        // All of it from the member's own reserve: already in `held`, kept for it whatever the
+        // others hold, and no write to the group's contended word.
+        let fits = if need == 0 { Ok(d.held.load(Acquire)) } else { add_bounded(&d.held, need, budget) };
+        let held_after = match fits {
+            Ok(h) => h,
+            Err(held) => {
+                let policy = self.policy();
+                let mut admitted = None;
+                if policy == Policy::Priority {
+                    // Never more than this request: what is taken becomes this member's charge.
+                    let deficit = held.saturating_add(need).saturating_sub(budget).min(need);
+                    stolen = self.take_from_lower(i, e, deficit);
+                    let got: u64 = stolen.iter().map(|&(_, b)| b).sum();
+                    if got > 0 {
+                        admitted = add_bounded(&d.held, need - got, budget).ok();
+                    }
+                }
+                match admitted {
+                    Some(h) => h,
+                    None => {
+                        self.give_back(e, &stolen);
+                        give_unmet(d, &s.unmet[e], own, u64::MAX);
+                        let rule = self.why(i, e, held, need, limit, budget, headroom, policy);
+                        return Err(Over { used: self.used(e), limit, rule });
+                    }
+                }
+            }
+        };
+        let got: u64 = stolen.iter().map(|&(_, b)| b).sum();
+        match self.share(i, e) {
+            Some((share, base, n)) => {
+                if add_bounded(&s.charge[e], size, share).is_err() {
+                    sub_saturating(&d.held, need - got);
+                    give_unmet(d, &s.unmet[e], own, u64::MAX);
+                    self.give_back(e, &stolen);
+                    let rule = Rule::Share { share, budget: base, members: n };
+                    return Err(Over { used: self.used(e), limit, rule });
+                }
+            }
+            None => {
+                s.charge[e].fetch_add(size, AcqRel);
+            }
+        }
+        Ok(Taken { own, added: need - got, stolen, held_after, limit, headroom })
+    }
+
+    /// What slot `i` could be granted on `e` now (for `cuMemGetInfo`).
+    pub fn available(&self, i: usize, e: usize) -> u64 {
+        let (d, s) = (&self.devices[e], &self.slots[i]);
+        let (_, budget, _) = self.budget(i, e);
+        let own = s.unmet[e].load(Acquire);
+        let free = budget.saturating_sub(d.held.load(Acquire)).saturating_add(own);
+        match self.share(i, e) {
+            Some((share, _, _)) => free.min(share.saturating_sub(s.charge[e].load(Acquire))),
+            None => free,
+        }
+    }
+
+    /// Charges memory the driver already handed out: no rule applies, it exists.
+    pub fn charge_unchecked(&self, i: usize, e: usize, size: u64) {
+        let (d, s) = (&self.devices[e], &self.slots[i]);
+        let own = take_own(d, &s.unmet[e], size);
+        let held = d.held.fetch_add(size - own, AcqRel).saturating_add(size - own);
+        s.charge[e].fetch_add(size, AcqRel);
+        note_peak(d, held);
+    }
+
+    /// A reservation without a member (tests, and tools probing a ledger): budget only.
+    pub fn reserve(&self, e: usize, size: u64) -> Result<u64, Over> {
+        let d = &self.devices[e];
+        let limit = match d.limit.load(Acquire) {
+            0 => u64::MAX,
+            l => l,
+        };
+        add_bounded(&d.held, size, limit).map_err(|_| Over { used: self.used(e), limit, rule: Rule::Budget })
+    }
+
+    /// Gives back up to `size` of what slot `i` holds on `e`; returns what was given back. Never
+    /// more than the slot holds. The member's reserve fills up again first (it is kept for it
+    /// while it lives), the rest leaves `held`.
+    #[inline]
+    pub fn uncharge(&self, i: usize, e: usize, size: u64) -> u64 {
+        let (d, s) = (&self.devices[e], &self.slots[i]);
+        let taken = sub_saturating(&s.charge[e], size);
+        let r = s.reserve[e].load(Relaxed);
+        let back = if r == 0 { 0 } else { give_unmet(d, &s.unmet[e], taken, r.saturating_sub(s.charge[e].load(Acquire))) };
+        sub_saturating(&d.held, taken - back);
+        taken
+    }
+
+    /// Claims `bytes` of reserve on `e` for slot `i` at its start: from the free budget (less
+    /// the headroom), or not at all.
+    pub fn claim_reserve(&self, i: usize, e: usize, bytes: u64) -> Result<(), Over> {
+        let d = &self.devices[e];
+        let (limit, _, headroom) = self.budget(i, e);
+        let budget = limit.saturating_sub(headroom);
+        if let Err(held) = add_bounded(&d.held, bytes, budget) {
+            let rule = self.why(i, e, held, bytes, limit, budget, headroom, Policy::Shared);
+            return Err(Over { used: self.used(e), limit, rule });
+        }
+        self.slots[i].reserve[e].fetch_add(bytes, AcqRel);
+        self.slots[i].unmet[e].fetch_add(bytes, AcqRel);
+        d.unmet.fetch_add(bytes, AcqRel);
+        Ok(())
+    }
+
+    /// Drops slot `i`'s unmet reserve on `e` (a start refused after all).
+    pub fn drop_reserve(&self, i: usize, e: usize) {
+        let s = &self.slots[i];
+        let u = s.unmet[e].swap(0, AcqRel);
+        s.reserve[e].store(0, Release);
+        sub_saturating(&self.devices[e].unmet, u);
+        sub_saturating(&self.devices[e].held, u);
+    }
+
+    /// Live members other than `i` with an unmet reserve on `e` and a priority below `i`'s,
+    /// lowest first (then the latest started); takes up to `deficit` from them.
+    #[cold]
+    fn take_from_lower(&self, i: usize, e: usize, deficit: u64) -> Vec<(usize, u64)> {
+        let mine = self.slots[i].priority.load(Acquire) as i64;
+        let mut lower: Vec<(i64, std::cmp::Reverse<u64>, usize)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|&(j, s)| {
+                j != i
+                    && SlotWord::unpack(s.word.load(Acquire)).state == State::Live
+                    && (s.priority.load(Acquire) as i64) < mine
+                    && s.unmet[e].load(Acquire) > 0
+            })
+            .map(|(j, s)| (s.priority.load(Acquire) as i64, std::cmp::Reverse(s.start.load(Acquire)), j))
+            .collect();
+        lower.sort();
+        let mut out = Vec::new();
+        let mut left = deficit;
+        for (_, _, j) in lower {
+            if left == 0 {
+                break;
+            }
+            let got = take_own(&self.devices[e], &self.slots[j].unmet[e], left);
+            if got > 0 {
+                out.push((j, got));
+                left -= got;
+            }
+        }
+        out
+    }
+
+    /// Returns pieces taken by [`take_from_lower`] that stayed counted in `held`.
+    fn give_back(&self, e: usize, pieces: &[(usize, u64)]) {
+        for &(j, b) in pieces {
+            give_unmet(&self.devices[e], &self.slots[j].unmet[e], b, u64::MAX);
+        }
+    }
+
+    /// Which rule refused `need` bytes (cold: only on a denial).
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    fn why(&self, i: usize, e: usize, held: u64, need: u64, limit: u64, budget: u64, headroom: u64, policy: Policy) -> Rule {
+        let want = held.saturating_add(need);
+        // Unmet reserves of others that count against us (under `priority`, lower ones were
+        // taken already, so only equal and higher ones remain in the way).
+        let mine = self.slots[i].priority.load(Acquire) as i64;
+        let (mut bytes, mut top) = (0u64, None::<(u64, usize)>);
+        for (j, s) in self.slots.iter().enumerate() {
+            if j == i || SlotWord::unpack(s.word.load(Acquire)).state == State::Free {
+                continue;
+            }
+            if policy == Policy::Priority && (s.priority.load(Acquire) as i64) < mine {
+                continue;
+            }
+            let u = s.unmet[e].load(Acquire);
+            bytes += u;
+            if u > 0 && top.is_none_or(|(b, _)| u > b) {
+                top = Some((u, j));
+            }
+        }
+        if let Some((_, j)) = top
+            && want.saturating_sub(bytes) <= budget
+        {
+            let s = &self.slots[j];
+            let mut comm = [0u8; 16];
+            for (k, w) in s.comm.iter().enumerate() {
+                comm[k * 8..k * 8 + 8].copy_from_slice(&w.load(Relaxed).to_le_bytes());
+            }
+            let pid = SlotWord::unpack(s.word.load(Acquire)).pid;
+            return Rule::Reserved { bytes, pid, comm, higher: policy == Policy::Priority };
+        }
+        if headroom > 0 && budget < limit && want <= limit {
+            return Rule::Headroom { headroom };
+        }
+        Rule::Budget
+    }
+
+    /// Sum over devices of what live members other than `i` hold (is the group running?).
+    pub fn others_hold_memory(&self, i: usize) -> bool {
+        (0..DEVICES).any(|e| self.used(e) > self.slots[i].charge[e].load(Acquire))
+    }
+
+    /// Makes slot `i` the headroom holder if nobody (alive) holds it: for a member that starts
+    /// while other members already hold memory (a restart, the "+1" job).
+    pub fn try_take_headroom(&self, i: usize) -> bool {
+        let h = self.header.headroom_holder.load(Acquire);
+        if h != 0 {
+            let j = (h & 0xffff_ffff) as usize - 1;
+            let w = self.slots.get(j).map(|s| SlotWord::unpack(s.word.load(Acquire)));
+            let still = w.is_some_and(|w| w.state != State::Free && holder_token(j, w.generation) == h);
+            if still {
+                return false;
+            }
+        }
+        let me = holder_token(i, SlotWord::unpack(self.slots[i].word.load(Acquire)).generation);
+        self.header.headroom_holder.compare_exchange(h, me, AcqRel, Relaxed).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod charge_tests;

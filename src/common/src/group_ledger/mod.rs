@@ -1,0 +1,28 @@
+//! A group's ledger: the per-device budgets several processes share (a container's cap), as they
+//! lie in a file mapped `MAP_SHARED` by every member and by the sidecar, and every rule that
+//! decides on them. One copy of each rule: the library admits its allocations with [`admit`],
+//! and `vramcap replay --policy` runs the same functions over a ledger in memory
+//! ([`shm::Shared::in_memory`]), so the two cannot disagree.
+//!
+//! - [`shm`]: the layout, member slots (claim, reclaim exactly once), device entries.
+//! - [`admit`]: a member's request under the group's policy (budget, headroom, `equal`,
+//!   `priority`, reserves), each rule decided by compare-and-swap.
+//! - [`join`]: a member's start: the group's policy and headroom, its reserve, the headroom holder.
+//! - [`file`]: creating, opening and checking the file; [`guard`]: a file truncated while mapped.
+//! - [`liveness`]: whether the process a slot names still runs, from any PID namespace.
+//!
+//! Nothing here waits on another process: every step is one compare-and-swap or atomic add.
+
+pub mod admit;
+pub mod file;
+pub mod guard;
+pub mod join;
+pub mod liveness;
+pub mod shm;
+
+/// Gives back what the dead members of ledger `s` hold, judged from this process (its PID
+/// namespace and `/proc`); returns (members, bytes). Members call it before a denial, the
+/// sidecar on its sweep.
+pub fn reclaim_in(s: &shm::Shared) -> (usize, u64) {
+    s.reclaim_dead(std::process::id(), &file::liveness)
+}

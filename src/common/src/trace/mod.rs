@@ -1,0 +1,83 @@
+//! The trace records (docs/trace-format.md, version 1), defined once for the writer (the preload
+//! library, and the sidecar's `--trace-dir` files) and every reader (`vramcap report`, `plot`,
+//! `export`, `replay`, `run --report`):
+//!
+//! - [`record`]: the `header`, `summary` and `usage` lines, one serde type each, written and read
+//!   by the same definition;
+//! - [`event`]: the `event` line, which is the bulk of a trace: written by hand into a reused
+//!   buffer (no allocation on the writer thread) and read by a one-pass scanner ([`scan`]) with
+//!   serde_json as the fallback for unusual lines;
+//! - [`Op`]: every kind of event, by the name the trace gives it.
+//!
+//! Both directions are tested against each other and against golden lines
+//! (tests/data/golden/trace-v1.jsonl): a field renamed or dropped on one side fails a test.
+
+pub mod event;
+pub mod record;
+pub mod scan;
+
+#[cfg(test)]
+mod golden;
+
+/// The format version in every header.
+pub const VERSION: u32 = 1;
+
+/// What an event records, as its `op` field names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Op {
+    /// Charged against the cap.
+    Alloc,
+    /// Released.
+    Free,
+    /// Refused by the cap; the driver was not called.
+    Deny,
+    /// The driver returned an error.
+    Fail,
+    Map,
+    Unmap,
+    Reserve,
+    HostAlloc,
+    HostFree,
+    IpcOpen,
+    /// Read from a trace: an `op` this version does not know (never written).
+    Other,
+}
+
+impl Op {
+    /// Every op the library writes.
+    pub const WRITTEN: [Op; 10] =
+        [Op::Alloc, Op::Free, Op::Deny, Op::Fail, Op::Map, Op::Unmap, Op::Reserve, Op::HostAlloc, Op::HostFree, Op::IpcOpen];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Alloc => "alloc",
+            Op::Free => "free",
+            Op::Deny => "deny",
+            Op::Fail => "fail",
+            Op::Map => "map",
+            Op::Unmap => "unmap",
+            Op::Reserve => "reserve",
+            Op::HostAlloc => "host_alloc",
+            Op::HostFree => "host_free",
+            Op::IpcOpen => "ipc_open",
+            Op::Other => "other",
+        }
+    }
+
+    /// The op a trace's `op` text names; [`Op::Other`] for one this version does not know.
+    pub fn parse(s: &[u8]) -> Op {
+        Op::WRITTEN.into_iter().find(|o| o.name().as_bytes() == s).unwrap_or(Op::Other)
+    }
+
+    /// Whether the event moves the cap's charge (the rest are traced only).
+    pub fn is_counted(self) -> bool {
+        matches!(self, Op::Alloc | Op::Free | Op::Deny | Op::Fail)
+    }
+}
+
+/// Text from a trace or a client as it may be printed: control characters (terminal escapes
+/// among them) become `?`.
+pub fn printable(s: &str) -> String {
+    s.chars().map(|ch| if ch.is_control() { '?' } else { ch }).collect()
+}

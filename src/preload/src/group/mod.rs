@@ -1,0 +1,273 @@
+//! Group (container) caps: every process naming the same `VRAMCAP_GROUP` shares one budget per
+//! device, kept in a file mapped `MAP_SHARED` (layout, lock-free operations and the sharing rules
+//! in `vramcap_common::group_ledger`, re-exported here as [`shm`] and [`file`]). This module is
+//! the process's side: attaching once limits are resolved, the member slot, and the
+//! reserve/release steps `ledger` calls after its own.
+//!
+//! Nothing here waits on another process: reservation is one CAS on the group's counter, slot
+//! registration one CAS on a slot word. A member killed at any point costs the others at most
+//! the one allocation it was in the middle of (counted, never lost).
+//!
+//! A member's charge leaves the group when the member dies, not when it starts exiting: after
+//! `exit()` begins, other atexit handlers, C++ destructors and threads still run and still hold
+//! the memory (issue 15). Whoever next needs the budget (a member about to be denied, or the
+//! sidecar's sweep) finds the dead member by [`liveness`] and reclaims it.
+
+pub mod pressure;
+pub mod sharing;
+
+pub use vramcap_common::group_ledger::{file, guard, liveness, shm};
+
+use crate::config::{GroupConfig, limits::DeviceInfo, size::human};
+use crate::ledger::{Denied, MAX_DEVICES};
+use shm::Shared;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU64, AtomicUsize, Ordering::*};
+
+static SHM: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+static NAME: OnceLock<String> = OnceLock::new();
+const NO_ENTRY: u16 = u16::MAX;
+/// This process's CUDA ordinal → the group's device entry.
+static ENTRY: [AtomicU16; MAX_DEVICES] = [const { AtomicU16::new(NO_ENTRY) }; MAX_DEVICES];
+const NO_SLOT: usize = usize::MAX;
+static MY_SLOT: AtomicUsize = AtomicUsize::new(NO_SLOT);
+
+/// The group this process belongs to (trace header, sidecar metrics).
+pub fn name() -> Option<&'static str> {
+    NAME.get().map(String::as_str)
+}
+
+#[inline]
+fn shared() -> Option<&'static Shared> {
+    let p = SHM.load(Acquire);
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+#[inline]
+pub fn active() -> bool {
+    !SHM.load(Relaxed).is_null()
+}
+
+#[inline]
+fn entry(dev: usize) -> Option<usize> {
+    let e = ENTRY.get(dev)?.load(Relaxed);
+    (e != NO_ENTRY).then_some(e as usize)
+}
+
+/// The group's (limit, used) on one of this process's devices, when the group caps it.
+/// Dead members still count in `used` until reclaimed, so a query (`cuMemGetInfo`: frameworks
+/// size caches by it) first gives back what dead members hold, at most once a second.
+pub fn view(dev: usize) -> Option<(u64, u64)> {
+    let (s, e) = (shared()?, entry(dev)?);
+    let d = &s.devices[e];
+    let limit = d.limit.load(Acquire);
+    if limit == 0 {
+        return None;
+    }
+    reclaim_now_and_then(s);
+    Some((limit, s.used(e)))
+}
+
+/// Like [`view`], but `used` is what this member cannot have: `limit − used` is what it could
+/// get now under the group's rules (the budget it may fill, less what the group holds and
+/// others' unmet reserves, plus its own unmet reserve, within its `equal` share).
+pub fn room(dev: usize) -> Option<(u64, u64)> {
+    let (limit, _) = view(dev)?;
+    let e = entry(dev)?;
+    let Some((s, slot)) = me() else { return view(dev) };
+    Some((limit, limit - s.available(slot, e).min(limit)))
+}
+
+#[cold]
+fn reclaim_now_and_then(s: &Shared) {
+    static LAST_S: AtomicU64 = AtomicU64::new(0);
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    let now = ts.tv_sec as u64 + 1; // never 0, so the first query always sweeps
+    let last = LAST_S.load(Relaxed);
+    if now != last && LAST_S.compare_exchange(last, now, Relaxed, Relaxed).is_ok() {
+        reclaim_in(s);
+    }
+}
+
+/// The container's default group name: processes of one container share a cgroup.
+fn container_name() -> String {
+    let cg = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    format!("hami-{:016x}", shm::device_key(&cg))
+}
+
+/// Joins the group once the devices are known; `limits` are this process's resolved
+/// `VRAMCAP_GROUP_LIMIT` (bytes per visible device, 0 = none), `None` to adopt the group's.
+/// Racing first callers each do the whole job and publish with CAS: nobody waits.
+pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>) -> Result<(), String> {
+    if active() && MY_SLOT.load(Acquire) != NO_SLOT {
+        return Ok(());
+    }
+    let name = cfg.name.clone().unwrap_or_else(container_name);
+    if cfg.dir == crate::config::group::default_dir() {
+        file::ensure_private_dir(&cfg.dir)?;
+    }
+    let path = file::path_for(&cfg.dir, &name);
+    let m = file::open_or_create(&path, &name)?;
+    let s = m.shm;
+    let mut entries = Vec::with_capacity(devices.len());
+    for (d, info) in devices.iter().enumerate() {
+        let id = if info.uuid.is_empty() { format!("ordinal-{d}") } else { info.uuid.clone() };
+        let e = s.device_entry(shm::device_key(&id)).ok_or_else(|| {
+            format!("group ledger {} already tracks {} devices", path.display(), shm::DEVICES)
+        })?;
+        entries.push(e);
+    }
+    if let Some(limits) = limits {
+        for (d, (&e, &want)) in entries.iter().zip(limits).enumerate() {
+            let old = s.set_limit(e, want);
+            if old != want && old != 0 {
+                let show = |b: u64| if b == 0 { "no limit".to_string() } else { human(b) };
+                crate::log::write_line(&format!(
+                    "vramcap: group \"{name}\" device {d}: limit changed from {} to {} by pid {} \
+                     (the newest VRAMCAP_GROUP_LIMIT wins)",
+                    show(old),
+                    show(want),
+                    std::process::id()
+                ));
+            }
+        }
+    }
+    let slot = register(s).ok_or_else(|| {
+        format!("group ledger {}: all {} member slots are taken by live processes", path.display(), shm::SLOTS)
+    })?;
+    // Policy, headroom, priority and reserve: refused here means the slot goes back at once.
+    if let Err(why) = sharing::join(s, slot, &name, cfg, devices, &entries) {
+        s.reclaim(slot, s.slots[slot].word.load(Acquire), std::process::id());
+        return Err(why);
+    }
+    for (d, &e) in entries.iter().enumerate() {
+        ENTRY[d].store(e as u16, Release);
+    }
+    if let Err(winner) = MY_SLOT.compare_exchange(NO_SLOT, slot, AcqRel, Acquire) {
+        // A racing thread of ours registered first: give ours back (it holds nothing).
+        if winner != slot {
+            s.reclaim(slot, s.slots[slot].word.load(Acquire), std::process::id());
+        }
+    }
+    let _ = NAME.set(name);
+    if SHM.compare_exchange(std::ptr::null_mut(), s as *const Shared as *mut Shared, AcqRel, Acquire).is_err() {
+        m.unmap();
+    }
+    install_process_hooks();
+    Ok(())
+}
+
+fn register(s: &Shared) -> Option<usize> {
+    let (pid, (start, pidns)) = (std::process::id(), liveness::self_identity());
+    let slot = s.claim(pid, start, pidns).or_else(|| {
+        reclaim_in(s);
+        s.claim(pid, start, pidns)
+    })?;
+    sharing::describe(s, slot);
+    Some(slot)
+}
+
+/// Our slot, registering (cold) in a child after fork.
+#[inline]
+fn my_slot(s: &Shared) -> Option<usize> {
+    match MY_SLOT.load(Acquire) {
+        NO_SLOT => register_late(s),
+        i => Some(i),
+    }
+}
+
+#[cold]
+fn register_late(s: &Shared) -> Option<usize> {
+    let slot = register(s)?;
+    match MY_SLOT.compare_exchange(NO_SLOT, slot, AcqRel, Acquire) {
+        Ok(_) => Some(slot),
+        Err(winner) => {
+            s.reclaim(slot, s.slots[slot].word.load(Acquire), std::process::id());
+            Some(winner)
+        }
+    }
+}
+
+/// The group step of a reservation (after the process's own succeeded).
+#[inline]
+pub fn reserve(dev: usize, size: u64) -> Result<(), Denied> {
+    let (Some(s), Some(e)) = (shared(), entry(dev)) else { return Ok(()) };
+    let Some(slot) = my_slot(s) else { return Err(Denied { used: 0, limit: 0, group: true, rule: shm::Rule::Budget }) };
+    match s.charge(slot, e, size) {
+        Ok(()) => Ok(()),
+        Err(_) => reserve_after_reclaim(s, slot, e, size),
+    }
+}
+
+/// Would be denied: first give back what dead members still hold, then try once more.
+#[cold]
+fn reserve_after_reclaim(s: &Shared, slot: usize, e: usize, size: u64) -> Result<(), Denied> {
+    if guard::lost() {
+        // The ledger was swapped for a copy that refuses everything (see `guard`).
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Relaxed) {
+            crate::log::write_line(&format!(
+                "vramcap: the ledger of group \"{}\" was truncated while in use: denying every group allocation from \
+                 now on to keep the budget (memory already held stays usable and can be freed). Stop the group's \
+                 jobs, remove the ledger file and restart them",
+                name().unwrap_or("")
+            ));
+        }
+        return Err(Denied { used: 0, limit: 1, group: true, rule: shm::Rule::Budget });
+    }
+    reclaim_in(s);
+    s.charge(slot, e, size).map_err(|o| Denied { used: o.used, limit: o.limit, group: true, rule: o.rule })
+}
+
+/// The group step of `ledger::charge` (memory the driver already handed out).
+pub fn charge(dev: usize, size: u64) {
+    let (Some(s), Some(e)) = (shared(), entry(dev)) else { return };
+    if let Some(slot) = my_slot(s) {
+        s.charge_unchecked(slot, e, size);
+    }
+}
+
+/// The group step of a release.
+#[inline]
+pub fn release(dev: usize, size: u64) {
+    let (Some(s), Some(e)) = (shared(), entry(dev)) else { return };
+    if let i @ 0..shm::SLOTS = MY_SLOT.load(Acquire) {
+        s.uncharge(i, e, size);
+    }
+}
+
+/// Gives back what dead members of this process's group hold; returns (members, bytes).
+/// The sidecar calls this (or [`reclaim_in`] on a ledger it opened) periodically.
+pub fn reclaim_dead() -> (usize, u64) {
+    shared().map_or((0, 0), reclaim_in)
+}
+
+pub use vramcap_common::group_ledger::reclaim_in;
+
+static HOOKS: AtomicBool = AtomicBool::new(false);
+
+/// No atexit hook: the charge stays while the process lives (see the module comment).
+fn install_process_hooks() {
+    if HOOKS.swap(true, AcqRel) {
+        return;
+    }
+    unsafe {
+        libc::pthread_atfork(None, None, Some(forked_child));
+    }
+}
+
+/// A child is a new member: it registers its own slot on its first charge (with the parent's
+/// priority, without its reserve or headroom: those were the parent's to claim).
+extern "C" fn forked_child() {
+    MY_SLOT.store(NO_SLOT, Relaxed);
+}
+
+/// This process's slot and the mapped ledger, for [`sharing`] and [`pressure`].
+fn me() -> Option<(&'static Shared, usize)> {
+    let s = shared()?;
+    match MY_SLOT.load(Acquire) {
+        i @ 0..shm::SLOTS => Some((s, i)),
+        _ => None,
+    }
+}

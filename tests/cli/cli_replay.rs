@@ -1,0 +1,147 @@
+//! `vramcap replay`: the golden job's two ranks on one device (see tests/data/job_rank*.jsonl).
+//! Aligned at 0: rank1 holds 2 GiB from t=0, rank0 reaches 3 GiB at t=2000 → 5 GiB combined
+//! until rank1 frees at t=2200.
+
+use vramcap_tests::cli_support;
+use cli_support::*;
+
+fn replay(extra: &[&str]) -> serde_json::Value {
+    let (a, b) = (data("job_rank0.jsonl"), data("job_rank1.jsonl"));
+    let mut args = vec!["replay", "--json"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[&a, &b]);
+    replay_json(&args)
+}
+
+/// The JSON verdict; the exit status must agree with it (0 fits, 1 does not fit).
+fn replay_json(args: &[&str]) -> serde_json::Value {
+    let out = vramcap(args);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let want = if v["fits"] == true { 0 } else { 1 };
+    assert_eq!(out.status.code(), Some(want), "exit status for fits={}", v["fits"]);
+    v
+}
+
+/// A trace of one process: `events` as (t_ns, op, ptr, size, used), and a summary with the exit
+/// time `end` (None: a cut trace, no summary).
+fn synth(dir: &std::path::Path, name: &str, pid: u32, events: &[(u64, &str, u64, u64, u64)], end: Option<u64>) -> String {
+    let mut t = format!(
+        r#"{{"type":"header","version":1,"pid":{pid},"ppid":1,"exe":"job","cmdline":["job"],"host":"h","start_unix_ns":1764441600000000000,"devices":[{{"index":0,"total":17179869184,"limit":null}}],"group":null}}"#
+    ) + "\n";
+    for (seq, (at, op, ptr, size, used)) in events.iter().enumerate() {
+        t += &format!(
+            r#"{{"type":"event","seq":{seq},"t_ns":{at},"tid":1,"op":"{op}","api":"cuMemAlloc_v2","dev":0,"ptr":"{ptr:#x}","size":{size},"result":0,"dur_ns":5,"used":{used}}}"#
+        );
+        t += "\n";
+    }
+    if let Some(end) = end {
+        let used = events.last().map_or(0, |e| e.4);
+        t += &format!(r#"{{"type":"summary","t_ns":{end},"events":{},"dropped":0,"peak":{{"0":{used}}},"used":{{"0":{used}}}}}"#, events.len());
+        t += "\n";
+    }
+    let p = dir.join(name);
+    std::fs::write(&p, t).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+/// A process that exited holding 1 GiB no longer counts once its trace has ended: 10 s later a
+/// second one fits beside... nothing. The end comes from the summary, or from the last event of
+/// a cut trace, and the output says which.
+#[test]
+fn a_finished_process_leaves_the_replay_at_its_traces_end() {
+    let dir = scratch("release");
+    let a = synth(&dir, "a.jsonl", 1, &[(100_000, "alloc", 0x1000, GIB, GIB)], Some(260_000));
+    let b = synth(&dir, "b.jsonl", 2, &[(100_000, "alloc", 0x1000, GIB, GIB)], Some(260_000));
+    let r = replay_json(&["replay", "--json", "--limit", "1.5GiB", "--stagger", "0,10s", &a, &b]);
+    assert_eq!(r["fits"], true, "{r}");
+    assert_eq!(r["peak"]["0"].as_u64(), Some(GIB));
+    assert_eq!(r["traces"][0]["end_from"], "summary");
+    assert_eq!(r["traces"][0]["end_ns"].as_u64(), Some(260_000));
+    // Together they do not fit: the limit is first broken by the second at 100 us.
+    let r = replay_json(&["replay", "--json", "--limit", "1.5GiB", &a, &b]);
+    assert_eq!(r["fits"], false);
+    assert_eq!(r["first_denial"]["pid"], 2);
+    assert_eq!(r["first_denial"]["t_ns"].as_u64(), Some(100_000));
+    assert_eq!(r["first_denial"]["device"], 0);
+    assert_eq!(r["min_limit"]["0"].as_u64(), Some(2 * GIB));
+    // A cut trace ends at its last event; the text says so.
+    let cut = synth(&dir, "cut.jsonl", 3, &[(100_000, "alloc", 0x1000, GIB, GIB), (200_000, "free", 0x1000, GIB, 0), (300_000, "alloc", 0x2000, GIB, GIB)], None);
+    let r = replay_json(&["replay", "--json", "--limit", "1.5GiB", "--stagger", "0,1ms", &cut, &b]);
+    assert_eq!((r["fits"].as_bool(), r["traces"][0]["end_from"].as_str(), r["traces"][0]["end_ns"].as_u64()), (Some(true), Some("last_event"), Some(300_000)));
+    let out = vramcap(&["replay", "--limit", "1.5GiB", "--stagger", "0,1ms", &cut, &b]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("ends at +0.0003s (its last event: no summary, the trace was cut)"), "{text}");
+    assert!(text.contains("ends at +0.00126s (its exit, from the summary)"), "{text}");
+}
+
+#[test]
+fn the_exit_status_is_the_verdict() {
+    let (a, b) = (data("job_rank0.jsonl"), data("job_rank1.jsonl"));
+    assert_eq!(vramcap(&["replay", "--limit", "4GiB", &a, &b]).status.code(), Some(1));
+    assert_eq!(vramcap(&["replay", "--limit", "5GiB", &a, &b]).status.code(), Some(0));
+    assert_eq!(vramcap(&["replay", "--limit", "lots", &a, &b]).status.code(), Some(2));
+    let out = vramcap(&["replay", "--limit", "4GiB", &a, &b]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("first broken at +0.000002s on device 0 by pid 100"), "{text}");
+    assert!(text.contains("smallest limit at which they fit: device 0: 5.0 GiB"), "{text}");
+}
+
+#[test]
+fn too_small_a_device_reports_the_first_refusal_and_min_limit() {
+    let r = replay(&["--limit", "4GiB"]);
+    assert_eq!(r["fits"], false);
+    assert_eq!(r["first_denial_t_ns"].as_u64(), Some(2000));
+    assert_eq!(r["peak"]["0"].as_u64(), Some(5 * GIB));
+    assert_eq!(r["min_limit"]["0"].as_u64(), Some(5 * GIB));
+}
+
+#[test]
+fn the_min_limit_fits() {
+    let r = replay(&["--limit", "5GiB"]);
+    assert_eq!(r["fits"], true);
+    assert!(r["first_denial_t_ns"].is_null());
+}
+
+#[test]
+fn percent_takes_the_total_from_the_header() {
+    // Headers say 16 GiB: 25% = 4 GiB, the same verdict as --limit 4GiB.
+    let r = replay(&["--limit", "25%"]);
+    assert_eq!(r["limit"]["0"].as_u64(), Some(4 * GIB));
+    assert_eq!(r["fits"], false);
+}
+
+#[test]
+fn staggering_the_second_job_makes_them_fit() {
+    // rank1 starting at 4500 ns meets rank0 at 1 GiB: peak is rank0's 3.5 GiB at 5000.
+    let r = replay(&["--limit", "4GiB", "--stagger", "0,4500ns"]);
+    assert_eq!(r["fits"], true);
+    assert_eq!(r["peak"]["0"].as_u64(), Some(3 * GIB + 512 * MIB));
+    assert_eq!(r["peak_t_ns"]["0"].as_u64(), Some(5000));
+}
+
+#[test]
+fn bad_limit_is_a_clear_error() {
+    let out = vramcap(&["replay", "--limit", "lots", &data("job_rank0.jsonl")]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--limit \"lots\"") && err.contains("8GiB"), "{err}");
+    let out = vramcap(&["replay", "--limit", "4g", "--stagger", "1s,2s,3s", &data("job_rank0.jsonl")]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--stagger has 3 offsets for 1 traces"));
+}
+
+#[test]
+fn events_without_a_device_do_not_need_a_device_total() {
+    // A failed free of an unknown pointer has dev -1; a percentage limit must still work.
+    let dir = scratch("nodev");
+    let f = dir.join("t.jsonl");
+    let golden = std::fs::read_to_string(data("job_rank0.jsonl")).unwrap();
+    let extra = r#"{"type":"event","seq":8,"t_ns":8500,"tid":1,"op":"fail","api":"cuMemFree_v2","dev":-1,"ptr":"0x1234","size":0,"result":1,"dur_ns":5,"used":0}"#;
+    let mut lines: Vec<&str> = golden.lines().collect();
+    lines.insert(lines.len() - 1, extra);
+    std::fs::write(&f, lines.join("\n") + "\n").unwrap();
+    let r = json(&["replay", "--json", "--limit", "25%", f.to_str().unwrap()]);
+    assert_eq!(r["fits"], true);
+    assert_eq!(r["peak"]["0"].as_u64(), Some(3 * GIB));
+    assert!(r["peak"].get("-1").is_none());
+}

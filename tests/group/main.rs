@@ -1,0 +1,6 @@
+//! Group budgets: members sharing a ledger, hostile and unlucky members, the sharing policies.
+
+mod group;
+mod group_hostile;
+mod group_policy;
+mod replay_agrees;

@@ -1,0 +1,17 @@
+//! Interception: the three ways in, every family of entry points, lifetimes, initialisation, faults, the ceiling file, the exported symbols, and the real Python clients.
+
+mod bindings;
+mod ceiling;
+mod config_loud;
+mod dependencies;
+mod dlsym;
+mod exports;
+mod families;
+mod faults;
+mod init;
+mod intercept;
+mod lifetime;
+mod lifetimes_ctx;
+mod lifetimes_pool;
+mod lookups;
+mod numba;

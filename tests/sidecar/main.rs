@@ -1,0 +1,4 @@
+//! The sidecar: its protocol, metrics, top, and hostile clients.
+
+mod sidecar;
+mod sidecar_hostile;

@@ -1,0 +1,4 @@
+//! The trace file: its lines, lifecycle, loss accounting, placement and ownership.
+
+mod trace;
+mod trace_files;
