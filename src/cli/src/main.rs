@@ -1,6 +1,6 @@
 //! The `vramcap` command line: the subcommands and their flags, over the `vramcap_cli` library (lib.rs).
 
-use vramcap_cli::{analysis, cli, sidecar};
+use vramcap_cli::{analysis, cdi, cli, sidecar};
 use vramcap_common::grammar::{self, size};
 
 use analysis::merge::parse_duration;
@@ -147,6 +147,12 @@ enum Cmd {
     Demo(cli::demo::DemoArgs),
     /// Check this machine: library, driver, devices, limits, interception, sidecar.
     Doctor(cli::doctor::DoctorArgs),
+    /// Write a CDI spec (podman, containerd, Kubernetes) with one device per budget: its
+    /// containers' processes share the budget, and nothing inside can raise or remove it.
+    Cdi(cdi::spec::CdiArgs),
+    /// What the CDI spec's hooks run (the container runtime calls it; docs/deploy.md).
+    #[command(hide = true)]
+    CdiHook(cdi::hook::HookArgs),
     /// Write a synthetic trace (benchmarks, tests).
     #[command(hide = true)]
     GenTrace {
@@ -285,6 +291,8 @@ fn main() {
         Cmd::Run(a) => cli::run::main(a),
         Cmd::Demo(a) => cli::demo::main(a),
         Cmd::Doctor(a) => cli::doctor::main(a),
+        Cmd::Cdi(a) => cdi::spec::main(a),
+        Cmd::CdiHook(a) => cdi::hook::main(a).map_err(|e| format!("cdi-hook: {e}")),
         Cmd::GenTrace { events, output, seed, pid, devices, limit, total, start_unix_ns } => {
             let o = analysis::synth::GenOpts { events, seed, pid, devices: devices.max(1), limit, total, start_unix_ns };
             analysis::synth::generate(&output, &o)
