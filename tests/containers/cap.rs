@@ -127,3 +127,29 @@ fn a_ledger_broken_from_inside_fails_closed() {
         assert!(out.stderr.contains(says), "{attack}: {}", out.stderr);
     }
 }
+
+/// A process that may create a user namespace is root over a mount namespace of its own and can
+/// mount over /etc/ld.so.preload there (podman's default seccomp profile allows it). Under a
+/// profile that forbids new user namespaces, as Docker's and containerd's defaults do for a
+/// container without CAP_SYS_ADMIN, it cannot.
+#[test]
+fn a_user_namespace_cannot_hide_the_preload_under_a_profile_that_forbids_it() {
+    needs_podman!();
+    let c = Cdi::new("userns", &[("small", "256m")], &[]);
+    let profile = crate::podman::seccomp_without_user_namespaces(&c.dir);
+    let script = format!(
+        "echo > /tmp/empty\n\
+         unshare -U -m -r sh -c 'mount --bind /tmp/empty /etc/ld.so.preload && echo hidden && {}'\n\
+         echo unshare-rc=$?\n{}\n",
+        client("client_procaddr", "init ctx 0 alloc 300m"),
+        client("client_procaddr", "init ctx 0 alloc 300m")
+    );
+    let sec = format!("seccomp={}", profile.display());
+    let out = c.run(&["small"], &["--security-opt", &sec], &script);
+    assert!(!out.stdout.contains("hidden"), "{}\n{}", out.stdout, out.stderr);
+    assert!(!out.stdout.contains("unshare-rc=0"), "{}", out.stdout);
+    assert_eq!(out.of("alloc").iter().map(|l| l.rc()).collect::<Vec<_>>(), [2], "{}\n{}", out.stdout, out.stderr);
+    // The same attack under podman's default profile, for the record (docs/security.md).
+    let open = c.run(&["small"], &[], &script);
+    eprintln!("under podman's default seccomp profile: {}", if open.stdout.contains("hidden") { "the preload can be hidden" } else { "refused too" });
+}

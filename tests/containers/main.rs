@@ -7,4 +7,5 @@
 mod budgets;
 mod cap;
 mod cdi_cli;
+mod observe;
 mod podman;

@@ -166,7 +166,7 @@ pub fn image() -> &'static str {
         for lib in ["libcuda.so.1", "libnvidia-ml.so.1"] {
             copy_with_libs(&shim_dir().join(lib), &root.join("opt/vramcap-test/cuda-shim").join(lib), &root);
         }
-        for tool in ["sh", "cat", "ls", "mv", "rm", "chmod", "mount", "umount", "env", "sleep", "mkdir", "grep", "id", "stat", "touch", "truncate", "ln", "rmdir"] {
+        for tool in ["sh", "cat", "ls", "mv", "rm", "chmod", "mount", "umount", "env", "sleep", "mkdir", "grep", "id", "stat", "touch", "truncate", "ln", "rmdir", "unshare"] {
             let found = String::from_utf8_lossy(&sh(&format!("command -v {tool}")).stdout).trim().to_string();
             assert!(!found.is_empty(), "{tool} not found on the host");
             copy_with_libs(Path::new(&found), &root.join("bin").join(tool), &root);
@@ -261,7 +261,9 @@ impl Cdi {
 
     /// Starts a container (`--rm`, named `name`) and returns while it runs.
     pub fn spawn(&self, name: &str, devices: &[&str], args: &[&str], script: &str) -> Container {
-        let mut all = vec!["--rm", "--name", name];
+        let cidfile = self.dir.join(format!("{name}.cid"));
+        let cid = cidfile.to_string_lossy().into_owned();
+        let mut all = vec!["--rm", "--name", name, "--cidfile", &cid];
         all.extend(args);
         let mut child = self.command(devices, &all, script).spawn().expect("podman");
         let stdout = child.stdout.take().unwrap();
@@ -274,7 +276,7 @@ impl Cdi {
                 }
             }
         });
-        Container { name: name.to_string(), child, lines: rx }
+        Container { name: name.to_string(), child, lines: rx, cidfile }
     }
 }
 
@@ -294,6 +296,7 @@ fn wait_output(child: std::process::Child, limit: Duration) -> std::process::Out
 /// A running container's `podman run` and its output lines.
 pub struct Container {
     pub name: String,
+    cidfile: PathBuf,
     pub child: std::process::Child,
     lines: std::sync::mpsc::Receiver<String>,
 }
@@ -312,10 +315,12 @@ impl Container {
         }
     }
 
-    /// The container's full id.
+    /// The container's full id (podman writes it to the `--cidfile` when it creates the
+    /// container, before it starts).
     pub fn id(&self) -> String {
-        let out = sh(&format!("podman inspect --format '{{{{.Id}}}}' {}", self.name));
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        let id = std::fs::read_to_string(&self.cidfile).unwrap_or_default().trim().to_string();
+        assert_eq!(id.len(), 64, "container {}: id {id:?} in {}", self.name, self.cidfile.display());
+        id
     }
 
     /// `podman kill -s KILL`, then waits until podman has removed it (`--rm`).
@@ -355,6 +360,32 @@ pub fn rootfs_copy(dir: &Path) -> PathBuf {
     let out = sh(&format!("cp -a {} {}", scratch().join("rootfs").display(), to.display()));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     to
+}
+
+/// A seccomp profile for podman that refuses to create user namespaces (docs/deploy.md, "What
+/// root in the container can still do"): podman's default profile with `unshare` and `clone`
+/// allowed only without `CLONE_NEWUSER`, and `clone3` (whose flags a filter cannot see) left to
+/// the default answer, ENOSYS, so the C library falls back to `clone`.
+pub fn seccomp_without_user_namespaces(dir: &Path) -> PathBuf {
+    let base = "/usr/share/containers/seccomp.json";
+    let text = std::fs::read_to_string(base).unwrap_or_else(|e| panic!("{base}: {e} (podman's default seccomp profile)"));
+    let mut p: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let gated = ["unshare", "clone", "clone3"];
+    for rule in p["syscalls"].as_array_mut().unwrap() {
+        if let Some(names) = rule.get_mut("names").and_then(|n| n.as_array_mut()) {
+            names.retain(|n| !gated.contains(&n.as_str().unwrap_or("")));
+        }
+    }
+    const CLONE_NEWUSER: u64 = 0x1000_0000;
+    for name in ["unshare", "clone"] {
+        p["syscalls"].as_array_mut().unwrap().push(serde_json::json!({
+            "names": [name], "action": "SCMP_ACT_ALLOW",
+            "args": [{"index": 0, "value": CLONE_NEWUSER, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]
+        }));
+    }
+    let out = dir.join("seccomp-no-userns.json");
+    std::fs::write(&out, serde_json::to_string(&p).unwrap()).unwrap();
+    out
 }
 
 /// A container name unique to this run.
