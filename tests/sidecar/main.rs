@@ -1,4 +1,5 @@
-//! The sidecar: its protocol, metrics, top, and hostile clients.
+//! The sidecar: its protocol, metrics, top, hostile clients, and the container and pod of each client.
 
 mod sidecar;
 mod sidecar_hostile;
+mod sidecar_identity;

@@ -35,14 +35,16 @@ fn escape(v: &str) -> String {
     out
 }
 
-/// `pid`, `exe` (and `device` if given), then the pod labels that the client sent.
+/// `pid`, `exe` (and `device` if given), the pod labels that the client sent, and the container
+/// id and pod uid its cgroup path shows.
 fn labels(c: &Client, device: Option<String>, extra: &[(&str, &str)]) -> String {
     let mut l = format!("pid=\"{}\"", c.pid);
     if let Some(d) = device {
         let _ = write!(l, ",device=\"{d}\"");
     }
     let _ = write!(l, ",exe=\"{}\"", escape(&c.exe));
-    for (k, v) in [("namespace", &c.namespace), ("pod", &c.pod), ("container", &c.container), ("group", &c.group)] {
+    let named = [("namespace", &c.namespace), ("pod", &c.pod), ("container", &c.container), ("group", &c.group)];
+    for (k, v) in named.into_iter().chain([("container_id", &c.container_id), ("pod_uid", &c.pod_uid)]) {
         if let Some(v) = v {
             let _ = write!(l, ",{k}=\"{}\"", escape(v));
         }

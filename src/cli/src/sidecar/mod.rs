@@ -1,6 +1,7 @@
 //! `vramcap sidecar` and `vramcap top` (the preload side is src/preload/src/trace/sidecar.rs).
 //! Protocol: docs/sidecar-protocol.md.
 
+pub mod identity;
 mod logline;
 mod metrics;
 mod reclaim;

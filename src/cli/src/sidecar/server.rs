@@ -327,10 +327,12 @@ impl Server {
                 Outcome::Keep
             }
             (_, "header") => {
-                let client = match Client::from_header(c.pid, c.uid, &v) {
+                let mut client = match Client::from_header(c.pid, c.uid, &v) {
                     Ok(client) => client,
                     Err(e) => return Outcome::Bad(format!("bad header: {e}")),
                 };
+                let who = super::identity::of_pid(c.pid);
+                (client.container_id, client.pod_uid) = (who.container_id, who.pod_uid);
                 if matches!(c.phase, Phase::New) {
                     c.trace = self.trace_dir.as_ref().and_then(|dir| open_trace(dir, &client, &v));
                 }

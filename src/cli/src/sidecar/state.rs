@@ -35,6 +35,10 @@ pub struct Client {
     pub namespace: Option<String>,
     pub pod: Option<String>,
     pub container: Option<String>,
+    /// The container id and Kubernetes pod uid from the peer's cgroup path (the kernel's word,
+    /// not the client's: `identity`), set by the server once the header is in.
+    pub container_id: Option<String>,
+    pub pod_uid: Option<String>,
     pub group: Option<String>,
     /// The group's policy, the member's priority and whether it holds the group's headroom
     /// (group members of a vramcap that sends them).
@@ -102,6 +106,8 @@ impl Client {
             namespace: str_field(h, "namespace"),
             pod: str_field(h, "pod"),
             container: str_field(h, "container"),
+            container_id: None,
+            pod_uid: None,
             group: str_field(h, "group"),
             policy: str_field(h, "group_policy").map(|p| vramcap_common::grammar::group::PolicyName::shown(&p).to_string()),
             priority: h.get("group_priority").and_then(Value::as_i64),
@@ -236,6 +242,8 @@ impl Client {
             "namespace": self.namespace,
             "pod": self.pod,
             "container": self.container,
+            "container_id": self.container_id,
+            "pod_uid": self.pod_uid,
             "group": self.group,
             "group_policy": self.policy,
             "group_priority": self.priority,

@@ -91,8 +91,44 @@ pub fn render(state: &Value) -> String {
                 out.push_str(&format!("{:>8}  {:<20} {:>3}  {line}\n", "", "", ""));
             }
         }
+        if let Some(line) = identity_line(c) {
+            out.push_str(&format!("{:>8}  {line}\n", ""));
+        }
     }
     out
+}
+
+/// Under a process's first row: the container and pod it runs in. The container id and pod uid
+/// come from its cgroup path (the sidecar's reading); namespace, pod and container names from its
+/// environment (the downward API), which it could have set to anything: they are shown as names.
+fn identity_line(c: &Value) -> Option<String> {
+    let field = |k: &str| c.get(k).and_then(Value::as_str).map(|s| crate::analysis::printable(s).chars().take(64).collect::<String>());
+    let (id, uid) = (field("container_id"), field("pod_uid"));
+    let (ns, pod, name) = (field("namespace"), field("pod"), field("container"));
+    let mut parts = Vec::new();
+    if id.is_some() || name.is_some() {
+        let short = id.as_deref().map(|i| i.chars().take(12).collect::<String>());
+        parts.push(match (name, short) {
+            (Some(n), Some(s)) => format!("container {n} ({s})"),
+            (Some(n), None) => format!("container {n}"),
+            (None, Some(s)) => format!("container {s}"),
+            (None, None) => unreachable!(),
+        });
+    }
+    if pod.is_some() || uid.is_some() {
+        let named = match (ns, pod) {
+            (Some(ns), Some(p)) => Some(format!("{ns}/{p}")),
+            (None, Some(p)) => Some(p),
+            _ => None,
+        };
+        parts.push(match (named, uid) {
+            (Some(n), Some(u)) => format!("pod {n} (uid {u})"),
+            (Some(n), None) => format!("pod {n}"),
+            (None, Some(u)) => format!("pod uid {u}"),
+            (None, None) => unreachable!(),
+        });
+    }
+    (!parts.is_empty()).then(|| format!("in {}", parts.join(", ")))
 }
 
 /// Under a group member's row: its group's policy, its priority, and on this device its share
@@ -211,6 +247,22 @@ mod tests {
             "group \"team\": policy equal, priority 3, share 150.0 MiB, reserve 100.0 MiB, headroom 200.0 MiB (this process may use it)"
         );
         assert!(rows[4].trim_start().starts_with("43"), "no sharing line for a process outside a group: {t}");
+    }
+
+    /// The container and pod a process runs in, under its row; nothing for a process outside one.
+    #[test]
+    fn a_process_in_a_container_shows_its_container_and_pod() {
+        let id = "1d45a55e836b5108fa4cc2a0bd6c3967905d9f39b75d5afc96a02c6bb3ae4f37";
+        let state = serde_json::json!({"type":"state","bad_clients":0,"clients":[
+            {"pid":42,"exe":"python3","container_id":id,"pod_uid":"6f3b3e8a-8d5c-4a4f-9a0b-2e4f5c6d7e8f",
+             "namespace":"ml","pod":"train-0","container":"trainer","devices":[{"index":0,"used":1,"limit":2,"peak":1,"denied":0}]},
+            {"pid":43,"exe":"podman","container_id":id,"devices":[]},
+            {"pid":44,"exe":"host","devices":[{"index":0,"used":1,"limit":2,"peak":1,"denied":0}]}]});
+        let t = render(&state);
+        let rows: Vec<&str> = t.lines().collect();
+        assert_eq!(rows[3].trim(), "in container trainer (1d45a55e836b), pod ml/train-0 (uid 6f3b3e8a-8d5c-4a4f-9a0b-2e4f5c6d7e8f)", "{t}");
+        assert_eq!(rows[5].trim(), "in container 1d45a55e836b", "{t}");
+        assert!(rows[6].trim_start().starts_with("44") && rows.len() == 7, "{t}");
     }
 
     #[test]
