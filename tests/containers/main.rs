@@ -7,5 +7,6 @@
 mod budgets;
 mod cap;
 mod cdi_cli;
+mod hami;
 mod observe;
 mod podman;

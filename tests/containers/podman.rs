@@ -353,6 +353,19 @@ impl Drop for Container {
     }
 }
 
+/// `podman run --rm` without any CDI device (a container set up by hand, as HAMi's device
+/// plugin sets one up: mounts and variables).
+pub fn run_plain(args: &[&str], script: &str) -> Output {
+    let mut cmd = Command::new("podman");
+    cmd.args(["run", "--rm", "--network=none", "--label"]).arg(owner_label()).args(RUN_FLAGS).args(args);
+    cmd.arg(image()).args(["/bin/sh", "-c", script]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let out = wait_output(cmd.spawn().expect("podman"), Duration::from_secs(120));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let lines = stdout.lines().map(parse_line).collect();
+    Output { status: out.status, stdout, stderr, lines }
+}
+
 /// A private copy of the image's root filesystem as a plain directory (for `--rootfs`).
 pub fn rootfs_copy(dir: &Path) -> PathBuf {
     image();

@@ -22,8 +22,14 @@ pub const PATH: &str = "/etc/vramcap/limits";
 
 /// Variables that name something the process opens: never from the environment of a
 /// secure-execution process.
-pub const PATH_VARS: &[&str] =
-    &["VRAMCAP_REAL_LIBCUDA", "VRAMCAP_REAL_LIBNVML", "VRAMCAP_TRACE", "VRAMCAP_SIDECAR", "VRAMCAP_GROUP_DIR"];
+pub const PATH_VARS: &[&str] = &[
+    "VRAMCAP_REAL_LIBCUDA",
+    "VRAMCAP_REAL_LIBNVML",
+    "VRAMCAP_TRACE",
+    "VRAMCAP_SIDECAR",
+    "VRAMCAP_GROUP_DIR",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+];
 
 /// The file's limits, which the environment's can only lower.
 #[derive(Debug, Clone, Default)]
@@ -102,7 +108,7 @@ pub fn parse(path: &str, text: &str) -> Result<Vec<(String, String)>, ConfigErro
         };
         let (k, v) = line.split_once('=').ok_or_else(|| bad("no `=`"))?;
         let k = k.trim();
-        if !(names::is_known(k) || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT")) {
+        if !(names::is_known(k) || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT") || k == "CUDA_DEVICE_MEMORY_SHARED_CACHE") {
             return Err(bad(&format!("unknown variable {k} (did you mean {}?)", names::nearest(k))));
         }
         vars.push((k.to_string(), v.trim().to_string()));
@@ -157,7 +163,9 @@ pub fn merge(file: Option<(&str, &str)>, env: &[(String, String)], secure: bool)
         let file_value = fvars.iter().find(|(fk, _)| fk == k).map(|(_, fv)| fv.as_str());
         let refused = match k.as_str() {
             "VRAMCAP_DISABLE" => (truthy(v) && !fc.disabled).then_some("which the environment cannot turn off"),
-            "VRAMCAP_GROUP" | "VRAMCAP_GROUP_DIR" if fc.group.is_some() && file_value != Some(v.trim()) && !v.trim().is_empty() => {
+            "VRAMCAP_GROUP" | "VRAMCAP_GROUP_DIR" | "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+                if fc.group.is_some() && file_value != Some(v.trim()) && !v.trim().is_empty() =>
+            {
                 Some("whose group the environment cannot leave")
             }
             k if is_sharing_setting(k) && file_value.is_some_and(|f| f.trim() != v.trim()) && !v.trim().is_empty() => {
@@ -175,7 +183,7 @@ pub fn merge(file: Option<(&str, &str)>, env: &[(String, String)], secure: bool)
         // Not refused but the file's stands: the same value, a blank, or a "0".
         match k.as_str() {
             "VRAMCAP_DISABLE" | "VRAMCAP_REAL_LIBCUDA" | "VRAMCAP_REAL_LIBNVML" => continue,
-            "VRAMCAP_GROUP" | "VRAMCAP_GROUP_DIR" if fc.group.is_some() => continue,
+            "VRAMCAP_GROUP" | "VRAMCAP_GROUP_DIR" | "CUDA_DEVICE_MEMORY_SHARED_CACHE" if fc.group.is_some() => continue,
             _ => {}
         }
         // Limits (capped by the file's at resolve time), a trace, the sidecar, the log level.

@@ -91,6 +91,13 @@ impl Config {
                 (LimitSpec::default(), None)
             }
         };
+        if let Some(v) = get("CUDA_DISABLE_CONTROL").filter(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")) {
+            // HAMi-core's off switch. vramcap answers only to its own, which a platform's ceiling
+            // can forbid; a HAMi setting never turns the cap off (docs/configuration.md).
+            warnings.push(format!(
+                "ignoring CUDA_DISABLE_CONTROL={v:?} (HAMi-core's switch): vramcap keeps the cap; VRAMCAP_DISABLE=1 turns vramcap off where no ceiling file forbids it"
+            ));
+        }
         let real_libcuda = get("VRAMCAP_REAL_LIBCUDA").filter(|v| !v.trim().is_empty()).map(str::to_string);
         let trace = get("VRAMCAP_TRACE").filter(|v| !v.trim().is_empty()).map(str::to_string);
         let sidecar = get("VRAMCAP_SIDECAR").filter(|v| !v.trim().is_empty()).map(str::to_string);
@@ -161,6 +168,14 @@ mod tests {
         let c = cfg(&[("VRAMCAP_LOG", "loud")]);
         assert_eq!(c.log_level, Level::Warn);
         assert_eq!(c.warnings.len(), 1);
+    }
+
+    #[test]
+    fn hamis_off_switch_is_not_obeyed_and_says_so() {
+        let c = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), ("CUDA_DISABLE_CONTROL", "true")]);
+        assert!(!c.disabled && c.group.is_some());
+        assert!(c.warnings.iter().any(|w| w.contains("ignoring CUDA_DISABLE_CONTROL=\"true\"")), "{:?}", c.warnings);
+        assert!(cfg(&[("CUDA_DISABLE_CONTROL", "false")]).warnings.is_empty());
     }
 
     #[test]

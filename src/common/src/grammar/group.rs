@@ -21,6 +21,10 @@ pub struct GroupConfig {
     /// Empty: adopt the limits the group already has.
     pub limits: LimitSpec,
     pub dir: String,
+    /// HAMi-core's `CUDA_DEVICE_MEMORY_SHARED_CACHE`: the ledger file itself (the container's
+    /// budget lives there, as HAMi's device plugin placed it), instead of
+    /// `dir/vramcap-group-<name>`. Only for HAMi's container budget without `VRAMCAP_GROUP`.
+    pub ledger: Option<String>,
     /// `VRAMCAP_GROUP_POLICY`; `None`: adopt the group's (`shared` for a new group).
     pub policy: Option<PolicyName>,
     /// `VRAMCAP_PRIORITY` (default 0, higher wins).
@@ -81,8 +85,14 @@ fn check_name(v: &str) -> Result<String, ConfigError> {
 
 /// Whether vramcap reads this variable (the library's and the CLI's one rule).
 pub fn is_ours(name: &[u8]) -> bool {
-    (name.len() >= 8 && name[..8].eq_ignore_ascii_case(b"VRAMCAP_")) || name.starts_with(b"CUDA_DEVICE_MEMORY_LIMIT")
+    (name.len() >= 8 && name[..8].eq_ignore_ascii_case(b"VRAMCAP_"))
+        || name.starts_with(b"CUDA_DEVICE_MEMORY_LIMIT")
+        || HAMI_VARS.iter().any(|v| v.as_bytes() == name)
 }
+
+/// HAMi-core's variables read besides its limits: where the container's budget lives, and its
+/// switch to turn control off (which vramcap does not obey, and says so: docs/configuration.md).
+pub const HAMI_VARS: [&str; 2] = ["CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_DISABLE_CONTROL"];
 
 /// The variables vramcap reads (shared by the library and the CLI), out of `(name, value)` pairs from the environment. A name or a
 /// value that is not UTF-8 cannot be read as what it was meant to say (a limit, a group, a
@@ -175,7 +185,19 @@ pub fn from_vars<'a>(
             });
         }
     }
-    let group = (name.is_some() || hami).then_some(GroupConfig { name, limits, dir, policy, priority, reserve, headroom });
+    // HAMi's device plugin gives each container its own cache file: the budget lives there.
+    let ledger = get("CUDA_DEVICE_MEMORY_SHARED_CACHE").filter(|_| hami && name.is_none()).map(str::to_string);
+    if let Some(l) = &ledger
+        && (!l.starts_with('/') || l.ends_with('/'))
+    {
+        return Err(ConfigError {
+            var: "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
+            value: l.clone(),
+            reason: "not an absolute file path (processes started in different directories would keep different budgets)".into(),
+            expected: "an absolute path such as /usr/local/vgpu/3f6c.cache, as HAMi's device plugin sets it".into(),
+        });
+    }
+    let group = (name.is_some() || hami).then_some(GroupConfig { name, limits, dir, ledger, policy, priority, reserve, headroom });
     if let Some(g) = &group
         && !g.dir.starts_with('/')
     {
@@ -248,6 +270,22 @@ mod tests {
         assert_eq!((p.entries.len(), g), (1, None));
         let (_, g) = parse(&[("CUDA_DEVICE_MEMORY_LIMIT", "6g"), ("VRAMCAP_GROUP", "m"), ("VRAMCAP_GROUP_LIMIT", "1g")]).unwrap();
         assert_eq!(g.unwrap().limits.entries[0].var, "VRAMCAP_GROUP_LIMIT");
+    }
+
+    #[test]
+    fn hamis_shared_cache_is_the_ledger_of_its_container_budget() {
+        let cache = ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/3f6c.cache");
+        let (_, g) = parse(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "1024m"), cache]).unwrap();
+        assert_eq!(g.unwrap().ledger.as_deref(), Some("/usr/local/vgpu/3f6c.cache"));
+        // Only for HAMi's budget, and not once the group is named: then vramcap's rules hold.
+        let (_, g) = parse(&[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), ("VRAMCAP_GROUP", "mine"), cache]).unwrap();
+        assert_eq!(g.unwrap().ledger, None);
+        assert_eq!(parse(&[("VRAMCAP_LIMIT", "1g"), cache]).unwrap().1, None);
+        for bad in ["vgpu/x.cache", "/usr/local/vgpu/"] {
+            let e = parse(&[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), ("CUDA_DEVICE_MEMORY_SHARED_CACHE", bad)]).unwrap_err();
+            assert_eq!(e.var, "CUDA_DEVICE_MEMORY_SHARED_CACHE", "{bad}");
+        }
+        assert!(is_ours(b"CUDA_DEVICE_MEMORY_SHARED_CACHE") && is_ours(b"CUDA_DISABLE_CONTROL") && !is_ours(b"CUDA_VISIBLE_DEVICES"));
     }
 
     #[test]

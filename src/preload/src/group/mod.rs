@@ -103,12 +103,23 @@ pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>)
     if active() && MY_SLOT.load(Acquire) != NO_SLOT {
         return Ok(());
     }
-    let name = cfg.name.clone().unwrap_or_else(container_name);
-    if cfg.dir == crate::config::group::default_dir() {
+    // HAMi's shared cache names the ledger itself: every process given that file shares it.
+    let name = match (&cfg.name, &cfg.ledger) {
+        (Some(n), _) => n.clone(),
+        (None, Some(l)) => format!("hami-{:016x}", shm::device_key(l)),
+        (None, None) => container_name(),
+    };
+    if cfg.ledger.is_none() && cfg.dir == crate::config::group::default_dir() {
         file::ensure_private_dir(&cfg.dir)?;
     }
-    let path = file::path_for(&cfg.dir, &name);
-    let m = file::open_or_create(&path, &name)?;
+    let path = cfg.ledger.as_ref().map_or_else(|| file::path_for(&cfg.dir, &name), std::path::PathBuf::from);
+    let m = file::open_or_create(&path, &name).map_err(|e| match &cfg.ledger {
+        Some(l) => format!(
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE={l}: {e} (vramcap keeps the container's budget in this file in its own \
+             format: a cache HAMi-core wrote cannot be shared; give the container a fresh path)"
+        ),
+        None => e,
+    })?;
     let s = m.shm;
     let mut entries = Vec::with_capacity(devices.len());
     for (d, info) in devices.iter().enumerate() {
