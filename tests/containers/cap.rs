@@ -39,6 +39,7 @@ fn the_containers_environment_cannot_raise_or_remove_the_cap() {
          env -i {p}\n\
          VRAMCAP_GROUP=mine VRAMCAP_GROUP_DIR=/tmp VRAMCAP_GROUP_LIMIT=1t {p}\n\
          VRAMCAP_REAL_LIBCUDA=/nonexistent.so {p}\n\
+         for ld in /lib64/ld-linux*.so.2 /lib/ld-linux*.so.1; do [ -e \"$ld\" ] && break; done; \"$ld\" {p}\n\
          if (echo VRAMCAP_LIMIT=1t > /etc/vramcap/limits) 2>/dev/null; then echo wrote-limits; else echo limits-refused; fi\n\
          if (echo > /etc/ld.so.preload) 2>/dev/null; then echo wrote-preload; else echo preload-refused; fi\n\
          {p}\n"
@@ -46,7 +47,7 @@ fn the_containers_environment_cannot_raise_or_remove_the_cap() {
     let out = c.run(&["small"], &[], &script);
     out.ok();
     let allocs = out.of("alloc");
-    assert_eq!(allocs.len(), 16, "{}\n{}", out.stdout, out.stderr);
+    assert_eq!(allocs.len(), 18, "{}\n{}", out.stdout, out.stderr);
     for (i, pair) in allocs.chunks(2).enumerate() {
         assert_eq!((pair[0].rc(), pair[1].rc()), (2, 0), "run {i}: 300m over the 256m budget, 200m within it:\n{}\n{}", out.stdout, out.stderr);
     }
@@ -152,4 +153,28 @@ fn a_user_namespace_cannot_hide_the_preload_under_a_profile_that_forbids_it() {
     // The same attack under podman's default profile, for the record (docs/security.md).
     let open = c.run(&["small"], &[], &script);
     eprintln!("under podman's default seccomp profile: {}", if open.stdout.contains("hidden") { "the preload can be hidden" } else { "refused too" });
+}
+
+/// The image is the tenant's: a symbolic link where a mount goes would have the runtime mount
+/// onto the link's target, leaving the link itself (an ordinary file of the image) to be removed.
+/// Such a container never starts.
+#[test]
+fn an_image_with_links_where_the_mounts_go_never_starts() {
+    needs_podman!();
+    let c = Cdi::new("links", &[("small", "256m")], &[]);
+    let cases: [(&str, &str); 3] = [
+        ("ld.so.preload", "ln -s /tmp/pre etc/ld.so.preload"),
+        ("vramcap", "mkdir -p tmp/vc && ln -s /tmp/vc etc/vramcap"),
+        ("etc", "mv etc etc.real && ln -s etc.real etc"),
+    ];
+    for (i, (what, plant)) in cases.iter().enumerate() {
+        let dir = c.dir.join(format!("image-{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let root = crate::podman::rootfs_copy(&dir);
+        let made = crate::podman::sh(&format!("cd {} && {plant}", root.display()));
+        assert!(made.status.success(), "{plant}");
+        let out = c.run_on(&["small"], &[], Some(&root), &client("client_procaddr", "init ctx 0 alloc 300m"));
+        assert!(!out.status.success() && out.of("alloc").is_empty(), "{what}: the container ran: {}\n{}", out.stdout, out.stderr);
+        assert!(out.stderr.contains("symbolic link") && out.stderr.contains(what), "{what}: {}", out.stderr);
+    }
 }

@@ -243,6 +243,17 @@ fn create_container(device: &str, budget_dir: &Path, group_dir: &Path, trace_dir
             super::ETC_DIR
         ));
     }
+    // The image may hold /etc/ld.so.preload as a symbolic link: the runtime then mounts onto the
+    // link's target, and the link itself, an ordinary file of the image, could be removed. The
+    // mount must be at /etc/ld.so.preload itself.
+    let preload_host = budget_dir.parent().unwrap_or(budget_dir).join("ld.so.preload");
+    let preload = rootfs.walk("etc/ld.so.preload", "/etc/ld.so.preload")?;
+    if !preload.is(&preload_host)? {
+        return Err(format!(
+            "/etc/ld.so.preload in the container is not {} (the image's own file or link is in the way); the container is refused",
+            preload_host.display()
+        ));
+    }
     let shown = format!("{GROUP_DIR}/{}", ledger_name(device));
     let target = rootfs.walk(&format!("etc/vramcap/group/{}", ledger_name(device)), &shown)?;
     if target.kind()? != libc::S_IFREG {
