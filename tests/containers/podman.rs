@@ -252,11 +252,7 @@ impl Cdi {
         let mut all = vec!["--rm"];
         all.extend(args);
         let child = self.command_on(devices, &all, rootfs, script).spawn().expect("podman");
-        let out = wait_output(child, Duration::from_secs(120));
-        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-        let lines = stdout.lines().map(parse_line).collect();
-        Output { status: out.status, stdout, stderr, lines }
+        Output::from(wait_with_timeout(child, Duration::from_secs(120)))
     }
 
     /// Starts a container (`--rm`, named `name`) and returns while it runs.
@@ -266,31 +262,9 @@ impl Cdi {
         let mut all = vec!["--rm", "--name", name, "--cidfile", &cid];
         all.extend(args);
         let mut child = self.command(devices, &all, script).spawn().expect("podman");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Container { name: name.to_string(), child, lines: rx, cidfile }
+        let lines = line_channel(child.stdout.take().unwrap());
+        Container { name: name.to_string(), child, lines, cidfile }
     }
-}
-
-fn wait_output(child: std::process::Child, limit: Duration) -> std::process::Output {
-    let pid = child.id() as i32;
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        if rx.recv_timeout(limit).is_err() {
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-    });
-    let out = child.wait_with_output().expect("wait for podman");
-    let _ = tx.send(());
-    out
 }
 
 /// A running container's `podman run` and its output lines.
@@ -359,11 +333,7 @@ pub fn run_plain(args: &[&str], script: &str) -> Output {
     let mut cmd = Command::new("podman");
     cmd.args(["run", "--rm", "--network=none", "--label"]).arg(owner_label()).args(RUN_FLAGS).args(args);
     cmd.arg(image()).args(["/bin/sh", "-c", script]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let out = wait_output(cmd.spawn().expect("podman"), Duration::from_secs(120));
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    let lines = stdout.lines().map(parse_line).collect();
-    Output { status: out.status, stdout, stderr, lines }
+    Output::from(wait_with_timeout(cmd.spawn().expect("podman"), Duration::from_secs(120)))
 }
 
 /// A private copy of the image's root filesystem as a plain directory (for `--rootfs`).

@@ -211,27 +211,15 @@ impl Run {
         let child = self.cmd.spawn().expect("spawn client");
         let out = wait_with_timeout(child, self.timeout);
         let _ = std::fs::remove_dir_all(&self.auto_dir);
-        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-        let lines = stdout.lines().map(parse_line).collect();
-        Output { status: out.status, stdout, stderr, lines }
+        Output::from(out)
     }
 
     /// Starts the client and returns while it runs (its stdout is read line by line).
     pub fn spawn(mut self) -> Running {
         self.set_preload();
         let mut child = self.cmd.spawn().expect("spawn client");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Running { child, lines: rx }
+        let lines = line_channel(child.stdout.take().unwrap());
+        Running { child, lines }
     }
 
     fn set_preload(&mut self) {
@@ -307,7 +295,22 @@ pub fn wait_bounded(child: &mut std::process::Child, limit: Duration, what: &str
     }
 }
 
-fn wait_with_timeout(child: std::process::Child, timeout: Duration) -> std::process::Output {
+/// A child's stdout, line by line as it comes, read by a thread of its own.
+pub fn line_channel(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for a child's output; SIGKILLs it after `timeout`.
+pub fn wait_with_timeout(child: std::process::Child, timeout: Duration) -> std::process::Output {
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -330,6 +333,16 @@ pub fn parse_line(l: &str) -> Line {
     let op = words.next().unwrap_or("").to_string();
     let fields = words.filter_map(|w| w.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
     Line { op, fields }
+}
+
+impl From<std::process::Output> for Output {
+    /// A finished client's result lines.
+    fn from(out: std::process::Output) -> Output {
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        let lines = stdout.lines().map(parse_line).collect();
+        Output { status: out.status, stdout, stderr, lines }
+    }
 }
 
 impl Output {
