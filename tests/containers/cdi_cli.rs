@@ -59,6 +59,10 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
     let program = vramcap_bin().to_string();
     let (t, f) = (text.display().to_string(), foreign.display().to_string());
     let out_json = d.dir.join("out.json").display().to_string();
+    let sock_dir = d.dir.join("sidecar");
+    std::fs::create_dir_all(&sock_dir).unwrap();
+    let (sock, inside) = (sock_dir.join("s.sock").display().to_string(), sock_dir.join("traces").display().to_string());
+    let sock_dir = sock_dir.display().to_string();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--device", "small=8g", "--devcie", "x=1g"], "--devcie"),
         (vec![], "--device <NAME=SPEC>"),
@@ -78,6 +82,8 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
         (vec!["--device", "a=1g", "--sidecar", "/tmp/sidecar.sock"], "directory of its own"),
         (vec!["--device", "a=1g", "--sidecar", "/nonexistent/sidecar.sock"], "its directory does not exist"),
         (vec!["--device", "a=1g", "--out", &out_json, "--hook", &t], "not an executable file"),
+        (vec!["--device", "a=1g", "--sidecar", &sock, "--group-dir", &sock_dir], "overlap"),
+        (vec!["--device", "a=1g", "--sidecar", &sock, "--trace-dir", &inside], "overlap"),
     ];
     let before = snapshot(&d.dir);
     for (args, says) in &cases {

@@ -262,7 +262,8 @@ fn create_container(device: &str, budget_dir: &Path, group_dir: &Path, trace_dir
     bind(&ledger.to_string_lossy(), &target, false, &shown)?;
     if let Some(t) = trace_dir {
         check::absolute("--trace-dir", t)?;
-        std::fs::create_dir_all(t).map_err(|e| format!("cannot create {}: {e}", t.display()))?;
+        // Root's alone, so nobody can plant a link where the next container's directory goes.
+        root_dir(t, 0o755)?;
         let mine = t.join(&st.id);
         match std::fs::DirBuilder::new().mode(0o750).create(&mine) {
             Ok(()) => {}

@@ -23,7 +23,7 @@ pub struct CdiArgs {
     pub out: Option<PathBuf>,
     /// Host directory under which the hook makes each container's (or pod's) ledger directory
     /// (best on a tmpfs: a reboot then leaves nothing behind).
-    #[arg(long, value_name = "DIR", default_value = "/run/vramcap/containers")]
+    #[arg(long, value_name = "DIR", default_value = "/run/vramcap-ledgers")]
     pub group_dir: PathBuf,
     /// The node sidecar's socket (vramcap sidecar --socket): its directory is mounted read-only
     /// into each container and the processes stream to it.
@@ -162,6 +162,21 @@ pub fn plan(a: &CdiArgs) -> Result<Plan, String> {
                 "--sidecar {}: expected a socket in a directory of its own that only its owner can write, such as /run/vramcap/sidecar.sock",
                 sock.display()
             ));
+        }
+    }
+    // Every container sees the sidecar's directory: nothing of other containers may be in it.
+    if let Some(dir) = a.sidecar.as_ref().and_then(|s| s.parent()) {
+        for (flag, p) in [("--group-dir", Some(&a.group_dir)), ("--state-dir", Some(&a.state_dir)), ("--trace-dir", a.trace_dir.as_ref())] {
+            if let Some(p) = p
+                && (p.starts_with(dir) || dir.starts_with(p))
+            {
+                return Err(format!(
+                    "{flag} {} and --sidecar's directory {} overlap: every container sees the sidecar's directory, so it \
+                     would see other containers' files; expected directories apart",
+                    p.display(),
+                    dir.display()
+                ));
+            }
         }
     }
     let out = match &a.out {
