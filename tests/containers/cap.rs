@@ -178,3 +178,22 @@ fn an_image_with_links_where_the_mounts_go_never_starts() {
         assert!(out.stderr.contains("symbolic link") && out.stderr.contains(what), "{what}: {}", out.stderr);
     }
 }
+
+/// The hook makes `/etc` a mount of its own: in a `--read-only` container it must stay as
+/// read-only as the rest of the root (runc makes only the root mount read-only).
+#[test]
+fn a_read_only_container_keeps_a_read_only_etc() {
+    needs_podman!();
+    let c = Cdi::new("readonly", &[("small", "256m")], &[]);
+    let script = format!(
+        "if touch /etc/new 2>/dev/null; then echo etc-writable; else echo etc-read-only; fi\n\
+         if touch /opt/new 2>/dev/null; then echo root-writable; else echo root-read-only; fi\n{}\n",
+        client("client_procaddr", "init ctx 0 alloc 200m alloc 100m")
+    );
+    let out = c.run(&["small"], &["--read-only"], &script);
+    out.ok();
+    assert!(out.stdout.contains("root-read-only") && out.stdout.contains("etc-read-only"), "{}", out.stdout);
+    assert_eq!((out.nth("alloc", 0).rc(), out.nth("alloc", 1).rc()), (0, 2), "{}", out.stderr);
+    let rw = c.run(&["small"], &[], "if touch /etc/new 2>/dev/null; then echo etc-writable; fi");
+    assert!(rw.stdout.contains("etc-writable"), "a writable container's /etc stays writable: {}", rw.stdout);
+}

@@ -14,7 +14,7 @@
 //! All ledger-directory changes happen under one lock (`--group-dir/.lock`), so a pod's last
 //! container leaving never removes a ledger a new container of the pod is joining.
 
-use super::rootfs::{Fd, bind};
+use super::rootfs::{Fd, bind, remount_read_only};
 use super::{GROUP_DIR, SANDBOX_ANNOTATIONS, TRACE_DIR, check, valid_id};
 use serde_json::Value;
 use std::io::Read;
@@ -111,8 +111,17 @@ fn read_stdin() -> Result<State, String> {
     parse_state(&text)
 }
 
+/// The container as its config.json describes it.
+struct Spec {
+    root: PathBuf,
+    /// `root.readonly`: the runtime makes the root mount read-only (only that one).
+    read_only: bool,
+    uid: u32,
+    gid: u32,
+}
+
 /// The container's root and its user, from the bundle's config.json.
-fn read_config(bundle: &Path) -> Result<(PathBuf, u32, u32), String> {
+fn read_config(bundle: &Path) -> Result<Spec, String> {
     let p = bundle.join("config.json");
     let mut text = String::new();
     std::fs::File::open(&p)
@@ -122,7 +131,8 @@ fn read_config(bundle: &Path) -> Result<(PathBuf, u32, u32), String> {
     let root = v.pointer("/root/path").and_then(Value::as_str).ok_or_else(|| format!("{}: no root.path", p.display()))?;
     let root = if Path::new(root).is_absolute() { PathBuf::from(root) } else { bundle.join(root) };
     let id = |k: &str| v.pointer(&format!("/process/user/{k}")).and_then(Value::as_u64).unwrap_or(0) as u32;
-    Ok((root, id("uid"), id("gid")))
+    let read_only = v.pointer("/root/readonly").and_then(Value::as_bool).unwrap_or(false);
+    Ok(Spec { root, read_only, uid: id("uid"), gid: id("gid") })
 }
 
 /// A directory of root's that nobody else can write, made if missing.
@@ -209,7 +219,8 @@ fn remove_owner_dir(dir: &Path, device: &str) {
 fn create_container(device: &str, budget_dir: &Path, group_dir: &Path, trace_dir: Option<&Path>) -> Result<(), String> {
     check::device_name(device)?;
     let st = read_stdin()?;
-    let (root, uid, gid) = read_config(&st.bundle)?;
+    let spec = read_config(&st.bundle)?;
+    let (uid, gid) = (spec.uid, spec.gid);
     let owner = owner(&st)?;
     root_dir(group_dir, 0o711)?;
     let _lock = lock(group_dir)?;
@@ -232,7 +243,7 @@ fn create_container(device: &str, budget_dir: &Path, group_dir: &Path, trace_dir
         root_dir(&dir.join("users"), 0o700)?;
         std::fs::write(dir.join("users").join(&st.id), b"").map_err(|e| format!("cannot record the container in {}: {e}", dir.display()))?;
     }
-    let rootfs = Fd::root(&root)?;
+    let rootfs = Fd::root(&spec.root)?;
     let etc = rootfs.walk("etc", "/etc")?;
     let vramcap = rootfs.walk("etc/vramcap", super::ETC_DIR)?;
     if !vramcap.is(budget_dir)? {
@@ -283,7 +294,12 @@ fn create_container(device: &str, budget_dir: &Path, group_dir: &Path, trace_dir
     if etc.kind()? != libc::S_IFDIR {
         return Err("/etc in the container is not a directory".into());
     }
-    bind(&etc.proc_path(), &etc, true, "/etc")
+    bind(&etc.proc_path(), &etc, true, "/etc")?;
+    if spec.read_only {
+        // The runtime will make only the root mount read-only: /etc is a mount of its own now.
+        remount_read_only(&rootfs.walk("etc", "/etc")?, "/etc")?;
+    }
+    Ok(())
 }
 
 fn poststop(device: &str, group_dir: &Path) -> Result<(), String> {
