@@ -179,21 +179,44 @@ fn an_image_with_links_where_the_mounts_go_never_starts() {
     }
 }
 
-/// The hook makes `/etc` a mount of its own: in a `--read-only` container it must stay as
-/// read-only as the rest of the root (runc makes only the root mount read-only).
+/// The hook makes `/etc` a mount of its own, except in a `--read-only` container: there runc makes
+/// the root mount read-only (that one alone), so a separate /etc would stay writable, and the read-
+/// only root already keeps /etc from being renamed.
 #[test]
 fn a_read_only_container_keeps_a_read_only_etc() {
     needs_podman!();
     let c = Cdi::new("readonly", &[("small", "256m")], &[]);
     let script = format!(
         "if touch /etc/new 2>/dev/null; then echo etc-writable; else echo etc-read-only; fi\n\
-         if touch /opt/new 2>/dev/null; then echo root-writable; else echo root-read-only; fi\n{}\n",
+         if touch /opt/new 2>/dev/null; then echo root-writable; else echo root-read-only; fi\n\
+         if mv /etc /etc.moved 2>/dev/null; then echo etc-moved; fi\n{}\n",
         client("client_procaddr", "init ctx 0 alloc 200m alloc 100m")
     );
     let out = c.run(&["small"], &["--read-only"], &script);
     out.ok();
     assert!(out.stdout.contains("root-read-only") && out.stdout.contains("etc-read-only"), "{}", out.stdout);
+    assert!(!out.stdout.contains("etc-moved"), "{}", out.stdout);
     assert_eq!((out.nth("alloc", 0).rc(), out.nth("alloc", 1).rc()), (0, 2), "{}", out.stderr);
     let rw = c.run(&["small"], &[], "if touch /etc/new 2>/dev/null; then echo etc-writable; fi");
     assert!(rw.stdout.contains("etc-writable"), "a writable container's /etc stays writable: {}", rw.stdout);
+}
+
+/// A container whose own mounts (a pod's volumeMounts, podman's -v) cover what the device mounts
+/// never starts, or starts with the device's mounts on top: either way not uncapped.
+#[test]
+fn a_containers_own_mount_over_the_devices_files_never_uncaps_it() {
+    needs_podman!();
+    let c = Cdi::new("own-mounts", &[("small", "256m")], &[]);
+    let empty = c.dir.join("empty");
+    std::fs::write(&empty, "").unwrap();
+    std::fs::create_dir_all(c.dir.join("emptydir")).unwrap();
+    for (what, vol) in [
+        ("/etc/ld.so.preload", format!("{}:/etc/ld.so.preload:ro", empty.display())),
+        ("/etc/vramcap", format!("{}:/etc/vramcap:ro", c.dir.join("emptydir").display())),
+    ] {
+        let out = c.run(&["small"], &["-v", &vol], &client("client_procaddr", "init ctx 0 alloc 300m"));
+        let allocs: Vec<i64> = out.of("alloc").iter().map(|l| l.rc()).collect();
+        assert!(allocs.is_empty() || allocs == [2], "{what}: {allocs:?}\n{}\n{}", out.stdout, out.stderr);
+        eprintln!("{what}: {}", if allocs.is_empty() { "the container was refused" } else { "the device's mount won" });
+    }
 }

@@ -5,8 +5,8 @@
 //!   its root is pivoted to): makes the container's ledger (or joins its pod's) in
 //!   `--group-dir/<ctr-ID or pod-SANDBOX>/`, owned by the container's user, and binds it over the
 //!   placeholder in `/etc/vramcap/group`; binds `--trace-dir/<ID>/` over `/etc/vramcap/trace`;
-//!   then binds the container's `/etc` onto itself, so no directory on the way to the mounts can
-//!   be renamed away. Any failure fails the container's creation: it never starts uncapped.
+//!   then binds the container's `/etc` onto itself (unless its root is to be read-only), so no
+//!   directory on the way to the mounts can be renamed away. Any failure fails the container's creation: it never starts uncapped.
 //! - `poststop` (after the container is gone): removes the container's ledger; a pod's ledger
 //!   loses this container (its dead processes' charges are reclaimed from the host, which sees
 //!   every PID namespace) and goes with the pod's last container.
@@ -14,7 +14,7 @@
 //! All ledger-directory changes happen under one lock (`--group-dir/.lock`), so a pod's last
 //! container leaving never removes a ledger a new container of the pod is joining.
 
-use super::rootfs::{Fd, bind, remount_read_only};
+use super::rootfs::{Fd, bind};
 use super::{GROUP_DIR, SANDBOX_ANNOTATIONS, TRACE_DIR, check, valid_id};
 use serde_json::Value;
 use std::io::Read;
@@ -114,7 +114,8 @@ fn read_stdin() -> Result<State, String> {
 /// The container as its config.json describes it.
 struct Spec {
     root: PathBuf,
-    /// `root.readonly`: the runtime makes the root mount read-only (only that one).
+    /// `root.readonly`: the runtime makes the root mount read-only (that one alone) before the
+    /// container's process starts.
     read_only: bool,
     uid: u32,
     gid: u32,
@@ -289,17 +290,18 @@ fn create_container(device: &str, budget_dir: &Path, group_dir: &Path, trace_dir
         let target = rootfs.walk("etc/vramcap/trace", TRACE_DIR)?;
         bind(&mine.to_string_lossy(), &target, false, TRACE_DIR)?;
     }
-    // Last, so the binds above are taken along: /etc becomes a mount point, which cannot be
-    // renamed, and so every mount below it stays where it is.
     if etc.kind()? != libc::S_IFDIR {
         return Err("/etc in the container is not a directory".into());
     }
-    bind(&etc.proc_path(), &etc, true, "/etc")?;
     if spec.read_only {
-        // The runtime will make only the root mount read-only: /etc is a mount of its own now.
-        remount_read_only(&rootfs.walk("etc", "/etc")?, "/etc")?;
+        // The runtime makes the root mount read-only before the container starts: /etc cannot
+        // be renamed then, and a mount of its own would stay writable (only the root mount is
+        // remounted) and make the hooks of other devices that write into /etc after ours fail.
+        return Ok(());
     }
-    Ok(())
+    // Last, so the binds above are taken along: /etc becomes a mount point, which cannot be
+    // renamed, and so every mount below it stays where it is.
+    bind(&etc.proc_path(), &etc, true, "/etc")
 }
 
 fn poststop(device: &str, group_dir: &Path) -> Result<(), String> {

@@ -13,8 +13,8 @@
 //! A static spec cannot name a per-container path, so its `createContainer` hook (run by the
 //! runtime in the container's mount namespace, before the container's root is pivoted to) makes
 //! the container's own ledger in a host directory and binds it over the placeholder, binds the
-//! container's own trace directory, and binds the container's `/etc` onto itself: root in the
-//! container can rename a directory but not a mount point, so `/etc`, `/etc/vramcap`,
+//! container's own trace directory, and binds the container's `/etc` onto itself (a read-only
+//! root needs none): root in the container can rename a directory but not a mount point, so `/etc`, `/etc/vramcap`,
 //! `/etc/ld.so.preload` and every file under `/etc/vramcap` then stay where the loader and the
 //! library look for them. Its `poststop` hook removes the ledger.
 //!

@@ -99,17 +99,6 @@ pub fn bind(source: &str, target: &Fd, recursive: bool, shown: &str) -> Result<(
     Ok(())
 }
 
-/// Makes the mount at what `target` opened read-only (its own flags only: the mounts below keep
-/// theirs).
-pub fn remount_read_only(target: &Fd, shown: &str) -> Result<(), String> {
-    let dst = cstr(target.proc_path().as_bytes())?;
-    let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY;
-    if unsafe { libc::mount(std::ptr::null(), dst.as_ptr(), std::ptr::null(), flags, std::ptr::null()) } != 0 {
-        return Err(format!("cannot make {shown} read-only in the container: {}", last_err()));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
