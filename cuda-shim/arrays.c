@@ -1,6 +1,9 @@
 /*
  * arrays.c - CUDA arrays of the fake driver: bytes from the descriptor, charged to the current
  * context's device and freed with that context (cuCtxDestroy's documentation).
+ * Documented rules kept here: a layered or cubemap array's Depth is its layer (face) count, so a
+ * mipmapped one has every layer at every level; a SPARSE or DEFERRED_MAPPING array is allocated
+ * without physical backing (its memory comes later from cuMemCreate, mapped by cuMemMapArrayAsync).
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -35,7 +38,11 @@ static size_t dim(size_t v)
     return v ? v : 1;
 }
 
-static CUresult array_new(struct fc_array **out, size_t bytes)
+#define ARRAY_LAYERS   (0x01 | 0x04)   /* CUDA_ARRAY3D_LAYERED, CUDA_ARRAY3D_CUBEMAP */
+#define ARRAY_UNBACKED (0x40 | 0x80)   /* CUDA_ARRAY3D_SPARSE, CUDA_ARRAY3D_DEFERRED_MAPPING */
+
+/* bytes: what the array takes from the device (0 for an array without physical backing). */
+static CUresult array_new(struct fc_array **out, size_t bytes, int unbacked)
 {
     struct fc_ctx *c;
     struct fc_array *a;
@@ -47,11 +54,13 @@ static CUresult array_new(struct fc_array **out, size_t bytes)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (bytes == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (unbacked)
+        bytes = 0;
     if ((rc = fc_mem_inject()) != 0)
         return rc;
     if (!(a = calloc(1, sizeof *a)))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (fc_mem_charge(c->dev, (long long)bytes) != 0) {
+    if (bytes && fc_mem_charge(c->dev, (long long)bytes) != 0) {
         free(a);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -75,7 +84,8 @@ static void array_free(struct fc_array *a)
     a->magic = 0;
     a->prev->next = a->next;
     a->next->prev = a->prev;
-    fc_mem_charge(a->dev, -(long long)a->bytes);
+    if (a->bytes)
+        fc_mem_charge(a->dev, -(long long)a->bytes);
     free(a);
 }
 
@@ -113,7 +123,7 @@ FC_API CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *
     FC_COUNT(cuArrayCreate_v2);
     if (!pHandle || !d || !format_bytes(d->Format) || d->Width == 0)
         return fc_initialized() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
-    return array_new(pHandle, d->Width * dim(d->Height) * format_bytes(d->Format) * d->NumChannels);
+    return array_new(pHandle, d->Width * dim(d->Height) * format_bytes(d->Format) * d->NumChannels, 0);
 }
 
 FC_API CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
@@ -122,7 +132,7 @@ FC_API CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPT
     if (!pHandle || !d || !format_bytes(d->Format) || d->Width == 0)
         return fc_initialized() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
     return array_new(pHandle, d->Width * dim(d->Height) * dim(d->Depth) * format_bytes(d->Format) *
-                                  d->NumChannels);
+                                  d->NumChannels, (d->Flags & ARRAY_UNBACKED) != 0);
 }
 
 FC_API CUresult cuArrayDestroy(CUarray hArray)
@@ -141,10 +151,10 @@ FC_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARR
         return fc_initialized() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
     for (unsigned int l = 0; l < levels; l++) {
         size_t w = dim(d->Width >> l), h = d->Height ? dim(d->Height >> l) : 1,
-               z = d->Depth ? dim(d->Depth >> l) : 1;
+               z = !d->Depth ? 1 : (d->Flags & ARRAY_LAYERS) ? d->Depth : dim(d->Depth >> l);
         bytes += w * h * z * format_bytes(d->Format) * d->NumChannels;
     }
-    return array_new(pHandle, bytes);
+    return array_new(pHandle, bytes, (d->Flags & ARRAY_UNBACKED) != 0);
 }
 
 FC_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)

@@ -21,6 +21,8 @@
  *   sync | syncp | ctxsync -> sync rc=N                     (cuStreamSynchronize(0) / _ptsz / cuCtxSynchronize)
  *   cycles N SIZE EVERY  -> cycles ok=A oom=O other=E       (N async alloc+free, stream sync every EVERY, 0 = never)
  *   array W H | array3d W H D | mipmap W H LEVELS -> array rc=N slot=K (float, 1 channel)
+ *   arrayx W H D LEVELS FLAGS -> array rc=N slot=K          (float, 1 channel, descriptor Flags FLAGS:
+ *                           LEVELS 0: cuArray3DCreate_v2, else cuMipmappedArrayCreate)
  *   arrfree K | mipfree K -> arrfree rc=N
  *   newctx DEV           -> newctx rc=N id=C                (cuCtxCreate_v2: becomes current)
  *   ctxdestroy C         -> ctxdestroy rc=N
@@ -314,6 +316,15 @@ int client_extra_op(const struct cu_api *A, const char *op, int argc, char **arg
         }
         OUT("array rc=%d slot=%llu", rc, new_slot(rc ? 0 : (unsigned long long)(uintptr_t)a));
         return used;
+    }
+    if (!strcmp(op, "arrayx")) {
+        CUarray a = NULL;
+        CUDA_ARRAY3D_DESCRIPTOR d = { num(ARG(0)), num(ARG(1)), num(ARG(2)), CU_AD_FORMAT_FLOAT, 1,
+                                      (unsigned int)num(ARG(4)) };
+        unsigned int levels = (unsigned int)num(ARG(3));
+        rc = levels ? A->cuMipmappedArrayCreate(&a, &d, levels) : A->cuArray3DCreate_v2(&a, &d);
+        OUT("array rc=%d slot=%llu", rc, new_slot(rc ? 0 : (unsigned long long)(uintptr_t)a));
+        return 5;
     }
     if (!strcmp(op, "arrfree") || !strcmp(op, "mipfree")) {
         CUarray a = (CUarray)(uintptr_t)slot(ARG(0));

@@ -1,5 +1,6 @@
 //! Interception: the three ways in, every family of entry points, lifetimes, initialisation, faults, the ceiling file, the exported symbols, and the real Python clients.
 
+mod arrays;
 mod bindings;
 mod ceiling;
 mod config_loud;

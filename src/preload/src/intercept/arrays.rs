@@ -18,16 +18,37 @@ fn element_bytes(format: i32) -> u64 {
     }
 }
 
+/// `CUDA_ARRAY3D_LAYERED`, `CUDA_ARRAY3D_CUBEMAP`: `Depth` counts layers (cube faces), not depth.
+const LAYERS: u32 = 0x01 | 0x04;
+/// `CUDA_ARRAY3D_SPARSE`, `CUDA_ARRAY3D_DEFERRED_MAPPING`: documented as allocated without physical
+/// backing; their tiles (or whole array) are later backed by `cuMemMapArrayAsync` with memory from
+/// `cuMemCreate`, which is charged where it is created.
+const UNBACKED: u32 = 0x40 | 0x80;
+
 /// Bytes of a (mipmapped) array: the sum over levels, each dimension halved per level, an absent
-/// dimension (0) counted as 1.
-pub fn array_bytes(w: usize, h: usize, d: usize, format: i32, channels: u32, levels: u32) -> u64 {
+/// dimension (0) counted as 1. The layer count of a layered or cubemap array is kept at every level
+/// (each level has every layer); an array without physical backing costs nothing.
+pub fn array_bytes(w: usize, h: usize, d: usize, format: i32, channels: u32, levels: u32, flags: u32) -> u64 {
+    if flags & UNBACKED != 0 {
+        return 0;
+    }
     let per = element_bytes(format).saturating_mul(channels.max(1) as u64);
     (0..levels.max(1))
         .map(|l| {
             let dim = |v: usize| ((v as u64) >> l).max(1);
-            dim(w).saturating_mul(dim(h)).saturating_mul(dim(d)).saturating_mul(per)
+            let depth = if flags & LAYERS != 0 { (d as u64).max(1) } else { dim(d) };
+            dim(w).saturating_mul(dim(h)).saturating_mul(depth).saturating_mul(per)
         })
         .fold(0u64, u64::saturating_add)
+}
+
+/// Charges `size`, or, for an array without physical backing, calls the driver alone (it takes
+/// no memory: there is nothing to reserve, and the handle is never a charge's key).
+fn create(api: Hook, size: u64, flags: u32, call: impl FnOnce() -> CUresult, key: impl FnOnce() -> u64) -> CUresult {
+    if flags & UNBACKED != 0 {
+        return call();
+    }
+    charge::alloc(api, Kind::Array, Target::CurrentContext, size, call, key)
 }
 
 pub unsafe fn create_2d(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult {
@@ -37,7 +58,7 @@ pub unsafe fn create_2d(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -
         return call();
     }
     let d = unsafe { &*desc };
-    let size = array_bytes(d.width, d.height, 0, d.format, d.num_channels, 1);
+    let size = array_bytes(d.width, d.height, 0, d.format, d.num_channels, 1, 0);
     charge::alloc(Hook::cuArrayCreate_v2, Kind::Array, Target::CurrentContext, size, call, || unsafe { *arr as u64 })
 }
 
@@ -48,8 +69,8 @@ pub unsafe fn create_3d(arr: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR)
         return call();
     }
     let d = unsafe { &*desc };
-    let size = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels, 1);
-    charge::alloc(Hook::cuArray3DCreate_v2, Kind::Array, Target::CurrentContext, size, call, || unsafe { *arr as u64 })
+    let size = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels, 1, d.flags);
+    create(Hook::cuArray3DCreate_v2, size, d.flags, call, || unsafe { *arr as u64 })
 }
 
 pub unsafe fn create_2d_v1(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult {
@@ -59,7 +80,7 @@ pub unsafe fn create_2d_v1(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR
         return call();
     }
     let d = unsafe { &*desc };
-    let size = array_bytes(d.width as usize, d.height as usize, 0, d.format, d.num_channels, 1);
+    let size = array_bytes(d.width as usize, d.height as usize, 0, d.format, d.num_channels, 1, 0);
     charge::alloc(Hook::cuArrayCreate, Kind::Array, Target::CurrentContext, size, call, || unsafe { *arr as u64 })
 }
 
@@ -70,8 +91,8 @@ pub unsafe fn create_3d_v1(arr: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPT
         return call();
     }
     let d = unsafe { &*desc };
-    let size = array_bytes(d.width as usize, d.height as usize, d.depth as usize, d.format, d.num_channels, 1);
-    charge::alloc(Hook::cuArray3DCreate, Kind::Array, Target::CurrentContext, size, call, || unsafe { *arr as u64 })
+    let size = array_bytes(d.width as usize, d.height as usize, d.depth as usize, d.format, d.num_channels, 1, d.flags);
+    create(Hook::cuArray3DCreate, size, d.flags, call, || unsafe { *arr as u64 })
 }
 
 pub unsafe fn create_mipmapped(arr: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult {
@@ -81,8 +102,8 @@ pub unsafe fn create_mipmapped(arr: *mut CUmipmappedArray, desc: *const CUDA_ARR
         return call();
     }
     let d = unsafe { &*desc };
-    let size = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels, levels);
-    charge::alloc(Hook::cuMipmappedArrayCreate, Kind::Array, Target::CurrentContext, size, call, || unsafe { *arr as u64 })
+    let size = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels, levels, d.flags);
+    create(Hook::cuMipmappedArrayCreate, size, d.flags, call, || unsafe { *arr as u64 })
 }
 
 pub unsafe fn destroy(arr: CUarray) -> CUresult {
@@ -101,11 +122,19 @@ mod tests {
 
     #[test]
     fn descriptor_bytes() {
-        assert_eq!(array_bytes(1024, 0, 0, 0x20, 4, 1), 1024 * 16);
-        assert_eq!(array_bytes(1024, 512, 0, 0x01, 1, 1), 1024 * 512);
-        assert_eq!(array_bytes(64, 64, 64, 0x02, 2, 1), 64 * 64 * 64 * 4);
+        assert_eq!(array_bytes(1024, 0, 0, 0x20, 4, 1, 0), 1024 * 16);
+        assert_eq!(array_bytes(1024, 512, 0, 0x01, 1, 1, 0), 1024 * 512);
+        assert_eq!(array_bytes(64, 64, 64, 0x02, 2, 1, 0), 64 * 64 * 64 * 4);
         // 8x8 float, 4 levels: 64 + 16 + 4 + 1 texels.
-        assert_eq!(array_bytes(8, 8, 0, 0x20, 1, 4), (64 + 16 + 4 + 1) * 4);
-        assert_eq!(array_bytes(4, 0, 0, 0x7f, 1, 1), 4 * 16, "unknown formats are never under-counted");
+        assert_eq!(array_bytes(8, 8, 0, 0x20, 1, 4, 0), (64 + 16 + 4 + 1) * 4);
+        assert_eq!(array_bytes(4, 0, 0, 0x7f, 1, 1, 0), 4 * 16, "unknown formats are never under-counted");
+        // Layered (10 layers) and cubemap (6 faces), 8x8 float, 4 levels: every level has every layer.
+        assert_eq!(array_bytes(8, 8, 10, 0x20, 1, 4, 0x01), (64 + 16 + 4 + 1) * 4 * 10);
+        assert_eq!(array_bytes(8, 8, 6, 0x20, 1, 4, 0x04), (64 + 16 + 4 + 1) * 4 * 6);
+        assert_eq!(array_bytes(8, 8, 12, 0x20, 1, 4, 0x05), (64 + 16 + 4 + 1) * 4 * 12);
+        // A 3D mipmapped array still halves its depth.
+        assert_eq!(array_bytes(8, 8, 8, 0x20, 1, 4, 0), (512 + 64 + 8 + 1) * 4);
+        assert_eq!(array_bytes(4096, 4096, 64, 0x20, 4, 1, 0x40), 0, "sparse: no backing");
+        assert_eq!(array_bytes(4096, 4096, 64, 0x20, 4, 1, 0x80), 0, "deferred mapping: no backing");
     }
 }
