@@ -237,6 +237,7 @@ typedef struct fc_green *CUgreenCtx;      /* opaque (the fake has no green conte
 #define CU_STREAM_LEGACY      ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD  ((CUstream)0x2)
 /* CUgraphNodeType values used here. */
+#define CU_GRAPH_NODE_TYPE_GRAPH      1
 #define CU_GRAPH_NODE_TYPE_EMPTY      5
 #define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
 #define CU_GRAPH_NODE_TYPE_MEM_FREE  11
@@ -262,6 +263,27 @@ typedef struct {
     CUgraphNode hErrNode_out;
     int result_out;             /* CUgraphInstantiateResult */
 } CUDA_GRAPH_INSTANTIATE_PARAMS;
+/* CUgraphInstantiate_flags */
+#define CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH 1
+#define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD              2
+/* CUgraphChildGraphNodeOwnership (CUDA 12.9) */
+#define CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE 0
+#define CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE  1
+typedef struct {
+    CUgraph graph;
+    int ownership;
+} CUDA_CHILD_GRAPH_NODE_PARAMS;
+/* CUgraphNodeParams: a tagged union of 256 bytes; only the members used here are named. */
+typedef struct {
+    int type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_CHILD_GRAPH_NODE_PARAMS graph;
+    };
+    long long reserved2;
+} CUgraphNodeParams;
+typedef struct CUgraphEdgeData_st CUgraphEdgeData;   /* opaque here: the fake keeps no edges */
 
 CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device);
 CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice *device);
@@ -287,6 +309,11 @@ CUresult cuGraphNodeGetType(CUgraphNode hNode, int *type);
 CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                                 size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams);
 CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out);
+CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                           const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                           CUgraphNodeParams *nodeParams);
+CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph *phGraph);
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out);
 CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                                size_t numDependencies, CUdeviceptr dptr);
 CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,

@@ -14,6 +14,14 @@
  *  - an allocation the graph does not free stays allocated (USED_MEM_CURRENT)
  *    until the application frees it (cuMemFreeAsync), and the graph cannot be
  *    launched again before that.
+ *  - a child graph node (cuGraphAddNode_v2, type GRAPH) embeds a graph; one holding memory nodes
+ *    must be moved in (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE, CUDA 12.9), after which the child can
+ *    no longer be instantiated or destroyed on its own; a launch allocates every memory node
+ *    reachable from the graph, however nested;
+ *  - CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD (cuGraphInstantiateWithParams only) uploads the graph into
+ *    hUploadStream once instantiated, which backs its memory as cuGraphUpload does;
+ *  - CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH frees the allocations the previous launch left
+ *    unfreed before the graph is relaunched (without it, that relaunch is an error).
  * Work is synchronous: a launch allocates, runs and frees at once.
  */
 #define _GNU_SOURCE
@@ -30,11 +38,13 @@ struct fc_gnode {
     int dev;
     size_t size;                /* allocation nodes: bytes (rounded to the granularity) */
     CUdeviceptr dptr;           /* the address the node allocates or frees */
+    CUgraph child;              /* child graph nodes: the embedded graph */
     struct fc_gnode *next;
 };
 
 struct fc_graph {
     unsigned int magic;
+    int moved;                  /* owned by a parent's child graph node */
     struct fc_gnode *nodes;
     size_t n;
 };
@@ -49,6 +59,7 @@ struct galloc {
 
 struct fc_gexec {
     unsigned int magic;
+    int auto_free;              /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
     struct galloc *allocs;
     size_t n;
     struct fc_gexec *next;      /* registry (never freed: outstanding allocations outlive it) */
@@ -129,7 +140,7 @@ FC_API CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
 FC_API CUresult cuGraphDestroy(CUgraph hGraph)
 {
     FC_COUNT(cuGraphDestroy);
-    if (!graph_ok(hGraph))
+    if (!graph_ok(hGraph) || hGraph->moved)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_glock);
     hGraph->magic = 0;          /* nodes and struct kept: node handles may still be asked about */
@@ -175,7 +186,7 @@ FC_API CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
     FC_COUNT(cuGraphAddMemAllocNode);
     if (!fc_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!phGraphNode || !graph_ok(hGraph) || !nodeParams || !nodeParams->bytesize ||
+    if (!phGraphNode || !graph_ok(hGraph) || hGraph->moved || !nodeParams || !nodeParams->bytesize ||
         nodeParams->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(nodeParams->poolProps.location.id))
@@ -213,7 +224,7 @@ FC_API CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph, 
     (void)dependencies;
     (void)numDependencies;
     FC_COUNT(cuGraphAddMemFreeNode);
-    if (!phGraphNode || !graph_ok(hGraph) || !dptr)
+    if (!phGraphNode || !graph_ok(hGraph) || hGraph->moved || !dptr)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_glock);
     if ((n = add_node(hGraph, CU_GRAPH_NODE_TYPE_MEM_FREE, -1, 0, dptr)))
@@ -222,35 +233,137 @@ FC_API CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph, 
     return n ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* Caller holds g_glock. Whether g holds memory nodes, however nested. */
+static int has_memory_nodes(CUgraph g)
+{
+    for (struct fc_gnode *n = g->nodes; n; n = n->next)
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->type == CU_GRAPH_NODE_TYPE_MEM_FREE ||
+            (n->type == CU_GRAPH_NODE_TYPE_GRAPH && has_memory_nodes(n->child)))
+            return 1;
+    return 0;
+}
+
+/* Child graph nodes only (the fake's other node types have their own entry points). A moved child
+ * becomes the parent's; a clone is not kept (the fake graphs hold only memory nodes, so a clone of
+ * one without them adds nothing a launch would allocate). */
+FC_API CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                  const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                                  CUgraphNodeParams *nodeParams)
+{
+    struct fc_gnode *n = NULL;
+    CUgraph child;
+    CUresult rc = CUDA_SUCCESS;
+
+    (void)dependencies;
+    (void)dependencyData;
+    (void)numDependencies;
+    FC_COUNT(cuGraphAddNode_v2);
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!phGraphNode || !graph_ok(hGraph) || !nodeParams)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (nodeParams->type != CU_GRAPH_NODE_TYPE_GRAPH)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    child = nodeParams->graph.graph;
+    pthread_mutex_lock(&g_glock);
+    if (!graph_ok(child) || child == hGraph || child->moved ||
+        (nodeParams->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE &&
+         nodeParams->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE))
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else if (nodeParams->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE && has_memory_nodes(child))
+        rc = CUDA_ERROR_INVALID_VALUE;   /* graphs with memory nodes must be moved in */
+    else if (!(n = add_node(hGraph, CU_GRAPH_NODE_TYPE_GRAPH, -1, 0, 0)))
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else if (nodeParams->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE) {
+        child->moved = 1;
+        n->child = child;
+    } else {
+        /* An empty clone (see above). */
+        if (!(n->child = calloc(1, sizeof *n->child)))
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else {
+            n->child->magic = GRAPH_MAGIC;
+            n->child->moved = 1;
+        }
+    }
+    pthread_mutex_unlock(&g_glock);
+    if (rc == CUDA_SUCCESS)
+        *phGraphNode = n;
+    return rc;
+}
+
+FC_API CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out)
+{
+    FC_COUNT(cuGraphMemFreeNodeGetParams);
+    if (!hNode || !dptr_out || hNode->type != CU_GRAPH_NODE_TYPE_MEM_FREE)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dptr_out = hNode->dptr;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph *phGraph)
+{
+    FC_COUNT(cuGraphChildGraphNodeGetGraph);
+    if (!hNode || !phGraph || hNode->type != CU_GRAPH_NODE_TYPE_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    *phGraph = hNode->child;
+    return CUDA_SUCCESS;
+}
+
 /* ------------------------------------------------------------ instantiation */
 
-static CUresult instantiate(CUgraphExec *out, CUgraph g)
+/* Caller holds g_glock. Memory allocation nodes reachable from g (nested child graphs included;
+ * moved children form a tree, so the walk ends). */
+static size_t count_allocs(CUgraph g)
+{
+    size_t k = 0;
+
+    for (struct fc_gnode *n = g->nodes; n; n = n->next)
+        k += n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC ? 1 : n->type == CU_GRAPH_NODE_TYPE_GRAPH ? count_allocs(n->child) : 0;
+    return k;
+}
+
+/* Caller holds g_glock. Whether a free node anywhere under g releases dptr. */
+static int frees(CUgraph g, CUdeviceptr dptr)
+{
+    for (struct fc_gnode *n = g->nodes; n; n = n->next)
+        if ((n->type == CU_GRAPH_NODE_TYPE_MEM_FREE && n->dptr == dptr) ||
+            (n->type == CU_GRAPH_NODE_TYPE_GRAPH && frees(n->child, dptr)))
+            return 1;
+    return 0;
+}
+
+/* Caller holds g_glock. */
+static void collect(struct fc_gexec *e, CUgraph root, CUgraph g)
+{
+    for (struct fc_gnode *n = g->nodes; n; n = n->next) {
+        if (n->type == CU_GRAPH_NODE_TYPE_GRAPH)
+            collect(e, root, n->child);
+        else if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+            e->allocs[e->n++] = (struct galloc){ n->dptr, n->size, n->dev, frees(root, n->dptr), 0 };
+    }
+}
+
+static CUresult instantiate(CUgraphExec *out, CUgraph g, unsigned long long flags)
 {
     struct fc_gexec *e;
-    size_t k = 0;
+    size_t k;
 
     if (!fc_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!out || !graph_ok(g))
+    if (!out || !graph_ok(g) || g->moved)
         return CUDA_ERROR_INVALID_VALUE;
     if (!(e = calloc(1, sizeof *e)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&g_glock);
-    if (g->n && !(e->allocs = calloc(g->n, sizeof *e->allocs))) {
+    k = count_allocs(g);
+    if (k && !(e->allocs = calloc(k, sizeof *e->allocs))) {
         pthread_mutex_unlock(&g_glock);
         free(e);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    for (struct fc_gnode *n = g->nodes; n; n = n->next) {
-        if (n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
-            continue;
-        e->allocs[k] = (struct galloc){ n->dptr, n->size, n->dev, 0, 0 };
-        for (struct fc_gnode *f = g->nodes; f; f = f->next)
-            if (f->type == CU_GRAPH_NODE_TYPE_MEM_FREE && f->dptr == n->dptr)
-                e->allocs[k].freed_in_graph = 1;
-        k++;
-    }
-    e->n = k;
+    collect(e, g, g);
+    e->auto_free = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0;
     e->magic = EXEC_MAGIC;
     e->next = g_execs;
     g_execs = e;
@@ -266,7 +379,7 @@ FC_API CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUg
     FC_COUNT(cuGraphInstantiate);
     if (logBuffer && bufferSize)
         logBuffer[0] = 0;
-    return instantiate(phGraphExec, hGraph);
+    return instantiate(phGraphExec, hGraph, 0);
 }
 
 FC_API CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
@@ -276,23 +389,33 @@ FC_API CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, 
     FC_COUNT(cuGraphInstantiate_v2);
     if (logBuffer && bufferSize)
         logBuffer[0] = 0;
-    return instantiate(phGraphExec, hGraph);
+    return instantiate(phGraphExec, hGraph, 0);
 }
 
 FC_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
 {
-    (void)flags;
     FC_COUNT(cuGraphInstantiateWithFlags);
-    return instantiate(phGraphExec, hGraph);
+    if (flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)     /* only cuGraphInstantiateWithParams uploads */
+        return CUDA_ERROR_INVALID_VALUE;
+    return instantiate(phGraphExec, hGraph, flags);
 }
+
+static CUresult launch(CUgraphExec e, CUstream s, int run);
 
 static CUresult instantiate_params(CUgraphExec *out, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
 {
     CUresult rc;
+    CUgraphExec e = NULL;
 
-    if (!p)
+    if (!p || !out)
         return CUDA_ERROR_INVALID_VALUE;
-    rc = instantiate(out, g);
+    rc = instantiate(&e, g, p->flags);
+    /* The upload backs the graph's memory now; if it cannot, the instantiation fails. */
+    if (rc == CUDA_SUCCESS && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) &&
+        (rc = launch(e, p->hUploadStream, 0)) != CUDA_SUCCESS)
+        e->magic = 0;
+    if (rc == CUDA_SUCCESS)
+        *out = e;
     p->hErrNode_out = NULL;
     p->result_out = rc == CUDA_SUCCESS ? 0 : 1;
     return rc;
@@ -371,9 +494,14 @@ static CUresult launch(CUgraphExec e, CUstream s, int run)
         return (uintptr_t)s > 2 ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&g_glock);
     for (size_t i = 0; i < e->n; i++) {
-        if (e->allocs[i].live)      /* its last launch's allocation was never freed */
+        struct galloc *a = &e->allocs[i];
+        if (a->live && e->auto_free && run) {  /* freed before the relaunch: back to graph memory */
+            a->live = 0;
+            g_gm[a->dev].used -= a->size;
+        }
+        if (a->live)                /* its last launch's allocation was never freed */
             rc = CUDA_ERROR_INVALID_VALUE;
-        need[e->allocs[i].dev] += e->allocs[i].size;
+        need[a->dev] += a->size;
     }
     if (rc == CUDA_SUCCESS)
         rc = map_memory(need, run);

@@ -89,6 +89,7 @@
     X(cuGraphCreate, "cuGraphCreate", 10000, 0) \
     X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 11040, 0) \
     X(cuGraphAddMemFreeNode, "cuGraphAddMemFreeNode", 11040, 0) \
+    X(cuGraphAddNode_v2, "cuGraphAddNode", 12030, 0) \
     X(cuGraphInstantiate, "cuGraphInstantiate", 10000, 0) \
     X(cuGraphInstantiate_v2, "cuGraphInstantiate", 11000, 0) \
     X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 11040, 0) \

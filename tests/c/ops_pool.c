@@ -20,6 +20,10 @@
  *   graph DEV SIZE FREE I  -> graph rc=N id=E slot=K   (graph with one SIZE allocation node on DEV,
  *                             plus its free node if FREE; instantiated with variant I: 0 WithFlags,
  *                             1 _v2, 2 WithParams, 3 WithParams_ptsz, 4 v1); K: the node's address
+ *   gx DEV SIZE FREE DEPTH I FLAGS -> graph rc=N id=E slot=K  (like graph, the graph moved DEPTH times
+ *                             into a new parent's child graph node (cuGraphAddNode_v2, ownership
+ *                             MOVE); the outermost instantiated with variant I (0 WithFlags,
+ *                             2 WithParams, 3 WithParams_ptsz; upload stream NULL) and FLAGS)
  *   capture SIZE FREE      -> capture rc=N id=E slot=K (cuMemAllocAsync [+ cuMemFreeAsync] captured
  *                             on a new stream, instantiated WithFlags)
  *   glaunch E | glaunchp E | gupload E | guploadp E -> glaunch rc=N
@@ -346,6 +350,45 @@ int client_pool_op(const struct cu_api *api, const char *op, int argc, char **ar
         keep_exec(rc, e);
         OUT("graph rc=%d id=%d slot=%llu", rc, g_nexecs - 1, new_slot(np.dptr));
         return 4;
+    }
+    if (!strcmp(op, "gx")) {
+        CUDA_MEM_ALLOC_NODE_PARAMS np;
+        CUDA_GRAPH_INSTANTIATE_PARAMS ip;
+        CUgraph g = NULL;
+        CUgraphNode an = NULL, fn = NULL;
+        CUgraphExec e = NULL;
+        unsigned long long depth = n(ARG(3)), flags = n(ARG(5));
+        int variant = (int)n(ARG(4));
+        memset(&np, 0, sizeof np);
+        memset(&ip, 0, sizeof ip);
+        np.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        np.poolProps.location.id = (int)n(ARG(0));
+        np.bytesize = n(ARG(1));
+        if ((rc = A->cuGraphCreate(&g, 0)) == CUDA_SUCCESS &&
+            (rc = A->cuGraphAddMemAllocNode(&an, g, NULL, 0, &np)) == CUDA_SUCCESS &&
+            (!n(ARG(2)) || (rc = A->cuGraphAddMemFreeNode(&fn, g, &an, 1, np.dptr)) == CUDA_SUCCESS))
+            for (unsigned long long d = 0; d < depth && rc == CUDA_SUCCESS; d++) {
+                CUgraph parent = NULL;
+                CUgraphNode cn = NULL;
+                CUgraphNodeParams gp;
+                memset(&gp, 0, sizeof gp);
+                gp.type = CU_GRAPH_NODE_TYPE_GRAPH;
+                gp.graph.graph = g;
+                gp.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+                if ((rc = A->cuGraphCreate(&parent, 0)) == CUDA_SUCCESS &&
+                    (rc = A->cuGraphAddNode_v2(&cn, parent, NULL, NULL, 0, &gp)) == CUDA_SUCCESS)
+                    g = parent;
+            }
+        if (rc == CUDA_SUCCESS) {
+            ip.flags = flags;
+            rc = variant == 0 ? A->cuGraphInstantiateWithFlags(&e, g, flags)
+               : variant == 2 ? A->cuGraphInstantiateWithParams(&e, g, &ip)
+                              : A->cuGraphInstantiateWithParams_ptsz(&e, g, &ip);
+        }
+        keep_exec(rc, e);
+        OUT("graph rc=%d id=%d slot=%llu", rc, g_nexecs - 1, new_slot(np.dptr));
+        return 6;
     }
     if (!strcmp(op, "capture")) {
         CUstream s = NULL;

@@ -13,6 +13,7 @@ mod init;
 mod intercept;
 mod lifetime;
 mod lifetimes_ctx;
+mod lifetimes_graph;
 mod lifetimes_pool;
 mod lookups;
 mod numba;

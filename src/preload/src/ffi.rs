@@ -147,6 +147,11 @@ pub type CUgraphExec = *mut c_void;
 pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: c_int = 1;
 /// `CUgraphNodeType` of a memory allocation node.
 pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+pub const CU_GRAPH_NODE_TYPE_GRAPH: c_int = 1;
+pub const CU_GRAPH_NODE_TYPE_MEM_FREE: c_int = 11;
+/// `CUgraphInstantiate_flags`.
+pub const CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: u64 = 1;
+pub const CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: u64 = 2;
 /// `CUgraphMem_attribute`: bytes the device's graph memory currently reserves.
 pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
 

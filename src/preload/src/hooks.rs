@@ -343,6 +343,8 @@ import_table! {
     Cuda fn cuGraphGetNodes(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult;
     Cuda fn cuGraphNodeGetType(CUgraphNode, *mut c_int) -> CUresult;
     Cuda fn cuGraphMemAllocNodeGetParams(CUgraphNode, *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
+    Cuda fn cuGraphMemFreeNodeGetParams(CUgraphNode, *mut CUdeviceptr) -> CUresult;
+    Cuda fn cuGraphChildGraphNodeGetGraph(CUgraphNode, *mut CUgraph) -> CUresult;
     Cuda fn cuDeviceGetGraphMemAttribute(CUdevice, c_int, *mut c_void) -> CUresult;
     Nvml fn nvmlDeviceGetUUID(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
     Nvml fn nvmlDeviceGetCount_v2(*mut c_uint) -> nvmlReturn_t;

@@ -11,8 +11,18 @@
 //! to the granularity) against the cap, relieving pressure first if it does not fit, and is denied
 //! with the driver's own `CUDA_ERROR_OUT_OF_MEMORY` otherwise; after the launch the charge settles
 //! to the device's real reservation in one step. Graphs without memory nodes cost one load.
+//!
+//! The allocation nodes are every one reachable from the graph, however nested in moved child
+//! graphs (`graph_nodes`). `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` uploads at instantiation, which
+//! backs the graph's memory there: that instantiation reserves like a launch. A graph
+//! instantiated with `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH` has what its previous
+//! launch left allocated freed before a relaunch, and the relaunch reuses it: a relaunch reserves
+//! that much less, but only while nothing can have taken or trimmed that memory since (no other
+//! launch, upload, trim or destroy in between: `EPOCH`); otherwise it reserves in full, which may
+//! deny what would fit but never grants what would not.
 
 use super::charge::{Timed, emit, timed};
+use super::graph_nodes::{Needs, Walk, walk};
 use super::init::ensure_limits;
 use super::{MISSING_REAL, Mode, guarded, mode};
 use crate::events::Op;
@@ -24,15 +34,31 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-const GRANULARITY: u64 = 2 << 20;
-
 /// Bytes of each device's graph memory in its charge.
 static CHARGED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 /// Whether any graph with memory nodes was instantiated (until then nothing here runs).
 static SEEN: AtomicBool = AtomicBool::new(false);
-/// Executable graph → what one launch may need, per device.
-type Needs = Vec<(u16, u64)>;
-static EXECS: Lock<Option<HashMap<u64, Needs>>> = Lock::new(None);
+/// What vramcap knows of one executable graph.
+struct Exec {
+    /// What one launch may allocate, per device.
+    need: Needs,
+    /// Settle every device after a launch (more devices than a launch reserves on, or a graph
+    /// that could not be read whole).
+    all: bool,
+    auto_free: bool,
+    /// What its last launch left allocated, and `EPOCH` right after that launch (0: none yet).
+    held: Needs,
+    epoch: u64,
+}
+/// Executable graph → what vramcap knows of it.
+static EXECS: Lock<Option<HashMap<u64, Exec>>> = Lock::new(None);
+/// Bumped by every launch, upload, trim and executable-graph destroy: anything after which the
+/// memory a previous launch left allocated may no longer be there for a relaunch to reuse.
+static EPOCH: AtomicU64 = AtomicU64::new(1);
+
+fn bump() -> u64 {
+    EPOCH.fetch_add(1, Ordering::AcqRel) + 1
+}
 /// Serializes settles (see `pool_table::settle`: a stale read must never overwrite a later one).
 static SETTLE: Lock<()> = Lock::new(());
 static FORK_HANDLER: AtomicBool = AtomicBool::new(false);
@@ -91,6 +117,7 @@ pub fn trim(dev: usize) -> bool {
         return false;
     }
     let Some(f) = real::cuDeviceGraphMemTrim() else { return false };
+    bump();
     if unsafe { f(dev as CUdevice) } != CUDA_SUCCESS {
         return false;
     }
@@ -102,54 +129,22 @@ pub fn trim(dev: usize) -> bool {
     delta < 0
 }
 
-/// What one launch of `graph` may allocate, per device: the sum of its allocation nodes.
-fn needs(graph: CUgraph) -> Needs {
-    let (Some(nodes), Some(kind), Some(params)) =
-        (import::cuGraphGetNodes(), import::cuGraphNodeGetType(), import::cuGraphMemAllocNodeGetParams())
-    else {
-        return Vec::new(); // a driver without graph memory nodes
-    };
-    let mut n = 0usize;
-    if unsafe { nodes(graph, std::ptr::null_mut(), &mut n) } != CUDA_SUCCESS || n == 0 {
-        return Vec::new();
-    }
-    let mut all: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
-    if unsafe { nodes(graph, all.as_mut_ptr(), &mut n) } != CUDA_SUCCESS {
-        return Vec::new();
-    }
-    let mut out: Needs = Vec::new();
-    for &node in &all[..n.min(all.len())] {
-        let mut t = -1;
-        if unsafe { kind(node, &mut t) } != CUDA_SUCCESS || t != CU_GRAPH_NODE_TYPE_MEM_ALLOC {
-            continue;
-        }
-        let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
-        if unsafe { params(node, &mut p) } != CUDA_SUCCESS {
-            continue;
-        }
-        let loc = p.pool_props.location;
-        if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE || loc.id < 0 || loc.id as usize >= MAX_DEVICES {
-            continue;
-        }
-        let bytes = (p.bytesize as u64).div_ceil(GRANULARITY).saturating_mul(GRANULARITY);
-        match out.iter_mut().find(|(d, _)| *d as i32 == loc.id) {
-            Some((_, b)) => *b = b.saturating_add(bytes),
-            None => out.push((loc.id as u16, bytes)),
-        }
-    }
-    out
+fn remember(exec: CUgraphExec, w: Walk, flags: u64) {
+    seen();
+    let all = w.need.len() > LAUNCH_DEVICES || !w.complete;
+    let auto_free = flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH != 0;
+    let e = Exec { need: w.need, all, auto_free, held: w.held, epoch: 0 };
+    EXECS.lock().get_or_insert_with(HashMap::new).insert(exec as u64, e);
 }
 
-fn instantiated(rc: CUresult, exec: *mut CUgraphExec, graph: CUgraph) -> CUresult {
+fn instantiated(rc: CUresult, exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult {
     // Also without enforcement: a process that must get no memory (fail-closed) is refused the
     // launches that would allocate.
     if rc == CUDA_SUCCESS && !exec.is_null() && mode() != Mode::PassThrough {
         guarded((), || {
-            let need = needs(graph);
-            if !need.is_empty() {
-                seen();
-                let e = unsafe { *exec } as u64;
-                EXECS.lock().get_or_insert_with(HashMap::new).insert(e, need);
+            let w = walk(graph);
+            if !w.need.is_empty() || !w.complete {
+                remember(unsafe { *exec }, w, flags);
             }
         });
     }
@@ -164,7 +159,7 @@ pub unsafe fn instantiate_v1(
     size: usize,
 ) -> CUresult {
     let Some(f) = real::cuGraphInstantiate() else { return MISSING_REAL };
-    instantiated(unsafe { f(exec, graph, err, log, size) }, exec, graph)
+    instantiated(unsafe { f(exec, graph, err, log, size) }, exec, graph, 0)
 }
 
 pub unsafe fn instantiate_v2(
@@ -175,28 +170,55 @@ pub unsafe fn instantiate_v2(
     size: usize,
 ) -> CUresult {
     let Some(f) = real::cuGraphInstantiate_v2() else { return MISSING_REAL };
-    instantiated(unsafe { f(exec, graph, err, log, size) }, exec, graph)
+    instantiated(unsafe { f(exec, graph, err, log, size) }, exec, graph, 0)
 }
 
 pub unsafe fn instantiate_with_flags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult {
     let Some(f) = real::cuGraphInstantiateWithFlags() else { return MISSING_REAL };
-    instantiated(unsafe { f(exec, graph, flags) }, exec, graph)
+    instantiated(unsafe { f(exec, graph, flags) }, exec, graph, flags)
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS.flags`, its first member (an in-parameter, read before the call).
+fn params_flags(params: *mut c_void) -> u64 {
+    if params.is_null() { 0 } else { unsafe { *(params as *const u64) } }
+}
+
+/// `cuGraphInstantiateWithParams(_ptsz)`: with `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` the graph is
+/// uploaded once instantiated, backing its memory: that is reserved first, like a launch.
+fn with_params(api: Hook, exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void, call: impl FnOnce() -> CUresult) -> CUresult {
+    let flags = params_flags(params);
+    if flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD == 0 || mode() == Mode::PassThrough || exec.is_null() {
+        return instantiated(call(), exec, graph, flags);
+    }
+    let w = guarded(Walk::default(), || walk(graph));
+    if w.need.is_empty() && w.complete {
+        return call();
+    }
+    seen();
+    let (want, n) = first_devices(&w.need);
+    let all = w.need.len() > LAUNCH_DEVICES || !w.complete;
+    let rc = go(api, 0, want, n, all, call);
+    if rc == CUDA_SUCCESS {
+        guarded((), || remember(unsafe { *exec }, w, flags));
+    }
+    rc
 }
 
 pub unsafe fn instantiate_with_params(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CUresult {
     let Some(f) = real::cuGraphInstantiateWithParams() else { return MISSING_REAL };
-    instantiated(unsafe { f(exec, graph, params) }, exec, graph)
+    with_params(Hook::cuGraphInstantiateWithParams, exec, graph, params, || unsafe { f(exec, graph, params) })
 }
 
 pub unsafe fn instantiate_with_params_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CUresult {
     let Some(f) = real::cuGraphInstantiateWithParams_ptsz() else { return MISSING_REAL };
-    instantiated(unsafe { f(exec, graph, params) }, exec, graph)
+    with_params(Hook::cuGraphInstantiateWithParams_ptsz, exec, graph, params, || unsafe { f(exec, graph, params) })
 }
 
 pub unsafe fn exec_destroy(exec: CUgraphExec) -> CUresult {
     let Some(f) = real::cuGraphExecDestroy() else { return MISSING_REAL };
     let rc = unsafe { f(exec) };
     if rc == CUDA_SUCCESS && SEEN.load(Ordering::Acquire) {
+        bump();
         guarded((), || {
             if let Some(m) = EXECS.lock().as_mut() {
                 m.remove(&(exec as u64));
@@ -210,27 +232,77 @@ pub unsafe fn exec_destroy(exec: CUgraphExec) -> CUresult {
 /// a graph spanning more devices reserves on the first ones and settles all).
 const LAUNCH_DEVICES: usize = 16;
 
-enum Plan {
-    Deny(CUresult, i32, u64, u64),
-    /// Call the driver, then settle: the devices reserved on (with what each got), or every
-    /// device when the executable graph is unknown.
-    Go { reserved: [(u16, u64); LAUNCH_DEVICES], n: usize, all: bool },
-}
+type Want = [(u16, u64); LAUNCH_DEVICES];
 
-fn plan(api: Hook, exec: CUgraphExec) -> Plan {
+fn first_devices(need: &Needs) -> (Want, usize) {
     let mut want = [(0u16, 0u64); LAUNCH_DEVICES];
     let mut n = 0;
-    let known = EXECS.lock().as_ref().and_then(|m| m.get(&(exec as u64))).map(|need| {
-        for &(d, b) in need.iter().take(LAUNCH_DEVICES) {
-            want[n] = (d, b);
-            n += 1;
+    for &(d, b) in need.iter().take(LAUNCH_DEVICES) {
+        want[n] = (d, b);
+        n += 1;
+    }
+    (want, n)
+}
+
+enum Plan {
+    Deny(CUresult, i32, u64, u64),
+    /// Call the driver, then settle: the devices reserved on (with what each got), and whether
+    /// every device is settled too.
+    Go { reserved: Want, n: usize, all: bool },
+}
+
+/// What a launch of `exec` reserves: `None` for an executable graph we did not see instantiated.
+struct Known {
+    want: Want,
+    n: usize,
+    all: bool,
+    /// An auto-free graph relaunched with nothing in between reuses what its last launch left:
+    /// that much less is reserved (`credit`) while `EPOCH` stays at `epoch`.
+    credit: Want,
+    epoch: u64,
+}
+
+fn wanted(exec: CUgraphExec) -> Option<Known> {
+    let execs = EXECS.lock();
+    let e = execs.as_ref()?.get(&(exec as u64))?;
+    let (want, n) = first_devices(&e.need);
+    let mut credit = [(0u16, 0u64); LAUNCH_DEVICES];
+    if e.auto_free && e.epoch != 0 && e.epoch == EPOCH.load(Ordering::Acquire) {
+        for (c, &(d, b)) in credit.iter_mut().zip(&want[..n]) {
+            let kept = e.held.iter().find(|(h, _)| *h == d).map_or(0, |&(_, k)| k);
+            *c = (d, kept.min(b));
         }
-        need.len() > LAUNCH_DEVICES
-    });
+    }
+    Some(Known { want, n, all: e.all, credit, epoch: e.epoch })
+}
+
+/// Reserves `want` less `credit` on each device; on a denial, what it reserved is given back.
+fn reserve_all(api: Hook, want: &Want, credit: &Want, n: usize, got: &mut Want) -> Result<(), Plan> {
+    for i in 0..n {
+        let (d, full) = want[i];
+        let bytes = full.saturating_sub(credit[i].1);
+        got[i] = (d, 0);
+        if bytes == 0 {
+            continue;
+        }
+        if let Err(denied) = super::pressure::reserve(d as usize, bytes) {
+            for &(u, b) in &got[..i] {
+                ledger::unreserve(u as usize, b);
+            }
+            let scope = if denied.group { crate::group::name() } else { None };
+            crate::denials::denied_in(crate::hooks::info(api).name, d as usize, bytes, &denied, scope);
+            return Err(Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, d as i32, bytes, ledger::used(d as usize)));
+        }
+        got[i] = (d, bytes);
+    }
+    Ok(())
+}
+
+fn plan(api: Hook, known: Option<Known>) -> Plan {
     if mode() == Mode::FailClosed {
         return match known {
             Some(_) => Plan::Deny(CUDA_ERROR_NOT_PERMITTED, -1, 0, 0),
-            None => Plan::Go { reserved: want, n: 0, all: false },
+            None => Plan::Go { reserved: [(0, 0); LAUNCH_DEVICES], n: 0, all: false },
         };
     }
     if let Err(e) = ensure_limits() {
@@ -238,40 +310,47 @@ fn plan(api: Hook, exec: CUgraphExec) -> Plan {
     }
     // An executable graph we did not see instantiated: nothing to reserve, the charge follows
     // the devices' reservations right after the launch.
-    let Some(more) = known else {
-        return Plan::Go { reserved: want, n: 0, all: true };
+    let Some(k) = known else {
+        return Plan::Go { reserved: [(0, 0); LAUNCH_DEVICES], n: 0, all: true };
     };
-    for i in 0..n {
-        let (d, bytes) = want[i];
-        if let Err(denied) = super::pressure::reserve(d as usize, bytes) {
-            for &(u, b) in &want[..i] {
-                ledger::unreserve(u as usize, b);
-            }
-            let scope = if denied.group { crate::group::name() } else { None };
-            crate::denials::denied_in(crate::hooks::info(api).name, d as usize, bytes, &denied, scope);
-            return Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, d as i32, bytes, ledger::used(d as usize));
+    let mut got = [(0u16, 0u64); LAUNCH_DEVICES];
+    if let Err(deny) = reserve_all(api, &k.want, &k.credit, k.n, &mut got) {
+        return deny;
+    }
+    // Relieving pressure for this very reservation may have trimmed what the credit counted on:
+    // then the launch reserves in full.
+    if k.credit[..k.n].iter().any(|&(_, c)| c > 0) && EPOCH.load(Ordering::Acquire) != k.epoch {
+        for &(u, b) in &got[..k.n] {
+            ledger::unreserve(u as usize, b);
+        }
+        if let Err(deny) = reserve_all(api, &k.want, &[(0, 0); LAUNCH_DEVICES], k.n, &mut got) {
+            return deny;
         }
     }
-    Plan::Go { reserved: want, n, all: more }
+    Plan::Go { reserved: got, n: k.n, all: k.all }
 }
 
-/// A launch or upload: reserve what the graph may allocate, call once, settle.
-fn launched(api: Hook, exec: CUgraphExec, call: impl FnOnce() -> CUresult) -> CUresult {
-    if mode() == Mode::PassThrough || !SEEN.load(Ordering::Acquire) {
-        return call();
-    }
-    match guarded(Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, -1, 0, 0), || plan(api, exec)) {
+/// Reserve, call once, settle; `key`: the executable graph for the trace (0 at instantiation).
+fn go(api: Hook, key: u64, want: Want, n: usize, all: bool, call: impl FnOnce() -> CUresult) -> CUresult {
+    let k = Known { want, n, all, credit: [(0, 0); LAUNCH_DEVICES], epoch: 0 };
+    run(api, key, guarded(Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, -1, 0, 0), || plan(api, Some(k))), call).0
+}
+
+/// The driver's answer and the `EPOCH` its call set (0 when it was not called).
+fn run(api: Hook, key: u64, plan: Plan, call: impl FnOnce() -> CUresult) -> (CUresult, u64) {
+    match plan {
         Plan::Deny(rc, dev, size, used) => {
-            emit(Op::Deny, api, dev, exec as u64, size, Timed::instant(rc), used);
-            rc
+            emit(Op::Deny, api, dev, key, size, Timed::instant(rc), used);
+            (rc, 0)
         }
         Plan::Go { reserved, n, all } => {
             let t = timed(call);
+            let epoch = bump();
             guarded((), || {
                 let settled = |d: usize, bytes: u64| {
                     let delta = settle(d, bytes);
                     if delta > 0 {
-                        emit(Op::Alloc, api, d as i32, exec as u64, delta as u64, t, ledger::used(d));
+                        emit(Op::Alloc, api, d as i32, key, delta as u64, t, ledger::used(d));
                     }
                 };
                 for &(d, bytes) in &reserved[..n] {
@@ -281,12 +360,32 @@ fn launched(api: Hook, exec: CUgraphExec, call: impl FnOnce() -> CUresult) -> CU
                     devices(None).for_each(|d| settled(d, 0));
                 }
                 if t.rc != CUDA_SUCCESS {
-                    emit(Op::Fail, api, -1, exec as u64, 0, t, 0);
+                    emit(Op::Fail, api, -1, key, 0, t, 0);
                 }
             });
-            t.rc
+            (t.rc, epoch)
         }
     }
+}
+
+/// A launch or upload: reserve what the graph may allocate, call once, settle.
+fn launched(api: Hook, exec: CUgraphExec, call: impl FnOnce() -> CUresult) -> CUresult {
+    if mode() == Mode::PassThrough || !SEEN.load(Ordering::Acquire) {
+        return call();
+    }
+    let plan = guarded(Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, -1, 0, 0), || plan(api, wanted(exec)));
+    let launch = matches!(api, Hook::cuGraphLaunch | Hook::cuGraphLaunch_ptsz);
+    let (rc, now) = run(api, exec as u64, plan, call);
+    if rc == CUDA_SUCCESS && launch && now != 0 {
+        // What this launch left allocated is reusable by the next one while nothing intervenes
+        // (a later bump, by any thread, ends that).
+        guarded((), || {
+            if let Some(e) = EXECS.lock().as_mut().and_then(|m| m.get_mut(&(exec as u64))) {
+                e.epoch = now;
+            }
+        });
+    }
+    rc
 }
 
 pub unsafe fn launch(exec: CUgraphExec, stream: CUstream) -> CUresult {
@@ -311,6 +410,7 @@ pub unsafe fn upload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
 
 pub unsafe fn mem_trim(dev: CUdevice) -> CUresult {
     let Some(f) = real::cuDeviceGraphMemTrim() else { return MISSING_REAL };
+    bump();
     let rc = unsafe { f(dev) };
     if rc == CUDA_SUCCESS && dev >= 0 && mode() == Mode::Enforce && SEEN.load(Ordering::Acquire) {
         guarded((), || {

@@ -7,6 +7,7 @@ pub mod charge;
 pub mod context;
 pub mod handles;
 pub mod graph;
+pub mod graph_nodes;
 pub mod host;
 pub mod init;
 pub mod mem;

@@ -1,0 +1,126 @@
+//! What one launch of a CUDA graph allocates: every memory allocation node reachable from the
+//! graph, however deeply nested in child graph nodes. A graph holding memory nodes can be a child
+//! only when moved into its parent (`CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`, CUDA 12.9,
+//! `cuGraphAddNode_v2`), and `cuGraphGetNodes` lists a graph's own nodes only, so the walk goes
+//! down through `cuGraphChildGraphNodeGetGraph`. Moved children form a tree; the walk still stops
+//! after `MAX_NODES` nodes and then says it is incomplete, so that the launch is settled from the
+//! driver's count rather than trusted.
+
+use crate::ffi::*;
+use crate::hooks::import;
+use crate::ledger::MAX_DEVICES;
+use std::collections::HashSet;
+
+const GRANULARITY: u64 = 2 << 20;
+const MAX_NODES: usize = 1 << 20;
+
+/// Bytes per device.
+pub type Needs = Vec<(u16, u64)>;
+
+#[derive(Default)]
+pub struct Walk {
+    /// What one launch may allocate, per device: the sum of its allocation nodes.
+    pub need: Needs,
+    /// Of that, what no free node of the graph releases (what a launch leaves allocated).
+    pub held: Needs,
+    /// Every node was read.
+    pub complete: bool,
+}
+
+fn add(v: &mut Needs, dev: u16, bytes: u64) {
+    match v.iter_mut().find(|(d, _)| *d == dev) {
+        Some((_, b)) => *b = b.saturating_add(bytes),
+        None => v.push((dev, bytes)),
+    }
+}
+
+fn nodes_of(graph: CUgraph) -> Option<Vec<CUgraphNode>> {
+    let f = import::cuGraphGetNodes()?;
+    let mut n = 0usize;
+    if unsafe { f(graph, std::ptr::null_mut(), &mut n) } != CUDA_SUCCESS {
+        return None;
+    }
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let mut all: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
+    if unsafe { f(graph, all.as_mut_ptr(), &mut n) } != CUDA_SUCCESS {
+        return None;
+    }
+    all.truncate(n);
+    Some(all)
+}
+
+pub fn walk(graph: CUgraph) -> Walk {
+    let (Some(kind), Some(params)) = (import::cuGraphNodeGetType(), import::cuGraphMemAllocNodeGetParams()) else {
+        return Walk { complete: true, ..Walk::default() }; // a driver without graph memory nodes
+    };
+    let mut out = Walk { complete: true, ..Walk::default() };
+    let mut allocs: Vec<(u16, u64, CUdeviceptr)> = Vec::new();
+    let mut freed: HashSet<CUdeviceptr> = HashSet::new();
+    let mut stack = vec![graph];
+    let mut seen = 0usize;
+    while let Some(g) = stack.pop() {
+        let Some(nodes) = nodes_of(g) else {
+            out.complete = false;
+            continue;
+        };
+        for node in nodes {
+            seen += 1;
+            if seen > MAX_NODES {
+                out.complete = false;
+                stack.clear();
+                break;
+            }
+            let mut t = -1;
+            if unsafe { kind(node, &mut t) } != CUDA_SUCCESS {
+                out.complete = false;
+                continue;
+            }
+            match t {
+                CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
+                    let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+                    if unsafe { params(node, &mut p) } != CUDA_SUCCESS {
+                        out.complete = false;
+                        continue;
+                    }
+                    let loc = p.pool_props.location;
+                    if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE || loc.id < 0 || loc.id as usize >= MAX_DEVICES {
+                        continue;
+                    }
+                    let bytes = (p.bytesize as u64).div_ceil(GRANULARITY).saturating_mul(GRANULARITY);
+                    allocs.push((loc.id as u16, bytes, p.dptr));
+                }
+                CU_GRAPH_NODE_TYPE_MEM_FREE => {
+                    // Unreadable: counted as freeing nothing we know, so nothing is taken for held.
+                    let mut dptr: CUdeviceptr = 0;
+                    match import::cuGraphMemFreeNodeGetParams() {
+                        Some(f) if unsafe { f(node, &mut dptr) } == CUDA_SUCCESS => {
+                            freed.insert(dptr);
+                        }
+                        _ => {
+                            freed.insert(CUdeviceptr::MAX);
+                        }
+                    }
+                }
+                CU_GRAPH_NODE_TYPE_GRAPH => {
+                    let mut child: CUgraph = std::ptr::null_mut();
+                    match import::cuGraphChildGraphNodeGetGraph() {
+                        Some(f) if unsafe { f(node, &mut child) } == CUDA_SUCCESS && !child.is_null() => stack.push(child),
+                        _ => out.complete = false,
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    // An unreadable free node might release any allocation: then nothing counts as held.
+    let unsure = freed.contains(&CUdeviceptr::MAX);
+    for (dev, bytes, dptr) in allocs {
+        add(&mut out.need, dev, bytes);
+        if !unsure && !freed.contains(&dptr) {
+            add(&mut out.held, dev, bytes);
+        }
+    }
+    out
+}

@@ -1,0 +1,101 @@
+//! Graph memory the driver allocates in ways beyond one flat graph launched (issue 23): memory
+//! nodes nested in child graphs moved in with `cuGraphAddNode_v2` (CUDA 12.9 ownership move), an
+//! upload at instantiation (`CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`), and relaunches of a graph
+//! instantiated with `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`, which free what the
+//! previous launch left allocated. Each runs through the three lookup paths, each with a bare
+//! control showing the fake driver keeps the documented rule; `stats` (the fake's own count) shows
+//! what the device really held.
+
+use vramcap_tests::common;
+use common::*;
+
+const CLIENTS: [&str; 3] = ["client_linked", "client_dlsym", "client_procaddr"];
+
+fn run(client: &str, limit: &str, ops: &str) -> Output {
+    let out = Run::client(client).env("VRAMCAP_LIMIT", limit).args([ops]).run();
+    out.ok();
+    out
+}
+
+fn bare(client: &str, ops: &str) -> Output {
+    let out = Run::client(client).bare().args([ops]).run();
+    out.ok();
+    out
+}
+
+fn rcs(out: &Output, op: &str) -> Vec<i64> {
+    out.of(op).iter().map(|l| l.rc()).collect()
+}
+
+fn peak(out: &Output, i: usize) -> u64 {
+    out.nth("stats", i).num("peak")
+}
+
+#[test]
+fn memory_nodes_nested_in_moved_child_graphs_are_charged_at_launch() {
+    // gx DEV SIZE FREE DEPTH VARIANT FLAGS: the only memory node is DEPTH child graphs down.
+    for c in CLIENTS {
+        let out = bare(c, "init ctx 0 gx 0 200m 1 3 0 0 glaunch 0 gmem 0");
+        assert_eq!(rcs(&out, "glaunch"), vec![0], "{c} bare: {}", out.stdout);
+        assert_eq!(out.nth("gmem", 0).num("reserved"), 200 * MIB, "{c} bare: the launch allocated the nested node");
+    }
+    for c in CLIENTS {
+        for (depth, variant) in [(1, 0), (2, 2), (5, 3)] {
+            let ops = format!("init ctx 0 alloc 100m gx 0 200m 1 {depth} {variant} 0 glaunch 0 stats 0 free 0 glaunch 0 info");
+            let out = run(c, "256m", &ops);
+            let ctx = format!("{c} depth {depth} variant {variant}: {}", out.stdout);
+            assert_eq!(out.nth("graph", 0).rc(), 0, "{ctx}");
+            assert_eq!(rcs(&out, "glaunch"), vec![2, 0], "{ctx}: denied past the cap, then granted");
+            assert!(peak(&out, 0) <= 256 * MIB, "{ctx}: {} bytes reached the device", peak(&out, 0));
+            assert_eq!(out.nth("info", 0).num("free"), 56 * MIB, "{ctx}: the nested node's memory is charged");
+        }
+    }
+}
+
+#[test]
+fn an_upload_at_instantiation_is_charged_there() {
+    for c in CLIENTS {
+        let out = bare(c, "init ctx 0 gx 0 200m 1 0 2 2 gmem 0");
+        assert_eq!(out.nth("graph", 0).rc(), 0, "{c} bare: {}", out.stdout);
+        assert_eq!(out.nth("gmem", 0).num("reserved"), 200 * MIB, "{c} bare: instantiation backed the graph's memory");
+    }
+    for c in CLIENTS {
+        for variant in [2, 3] {
+            let out = run(c, "256m", &format!("init ctx 0 gx 0 200m 1 1 {variant} 2 info alloc 100m stats 0 glaunch 0 stats 0"));
+            let ctx = format!("{c} variant {variant}: {}", out.stdout);
+            assert_eq!(out.nth("graph", 0).rc(), 0, "{ctx}");
+            assert_eq!(out.nth("info", 0).num("free"), 56 * MIB, "{ctx}: charged at instantiation");
+            assert!(peak(&out, 0) <= 256 * MIB && peak(&out, 1) <= 256 * MIB, "{ctx}: the device held more than the cap");
+            // Past the cap already: the upload is refused before the driver backs anything.
+            let out = run(c, "256m", &format!("init ctx 0 alloc 100m gx 0 200m 1 0 {variant} 2 gmem 0 stats 0"));
+            let ctx = format!("{c} variant {variant}: {}", out.stdout);
+            assert_eq!(out.nth("graph", 0).rc(), 2, "{ctx}: CUDA_ERROR_OUT_OF_MEMORY");
+            assert_eq!(out.nth("gmem", 0).num("reserved"), 0, "{ctx}: never reached the driver");
+        }
+    }
+}
+
+#[test]
+fn relaunching_an_auto_free_graph_reuses_what_the_last_launch_left() {
+    for c in CLIENTS {
+        let out = bare(c, "init ctx 0 gx 0 200m 0 0 0 1 glaunch 0 glaunch 0 gmem 0 gx 0 200m 0 0 0 0 glaunch 1 glaunch 1");
+        assert_eq!(rcs(&out, "glaunch"), vec![0, 0, 0, 1], "{c} bare: auto-free relaunches; without the flag it is an error");
+        assert_eq!(out.nth("gmem", 0).num("used"), 200 * MIB, "{c} bare: the first launch's memory was freed and reused");
+    }
+    for c in CLIENTS {
+        for variant in [0, 2, 3] {
+            let ops = format!("init ctx 0 gx 0 200m 0 0 {variant} 1 glaunch 0 info glaunch 0 info glaunch 0 stats 0");
+            let out = run(c, "256m", &ops);
+            let ctx = format!("{c} variant {variant}: {}", out.stdout);
+            assert_eq!(rcs(&out, "glaunch"), vec![0, 0, 0], "{ctx}: no false out-of-memory");
+            assert_eq!(out.nth("info", 1).num("free"), 56 * MIB, "{ctx}: one launch's memory, charged once");
+            assert!(peak(&out, 0) <= 256 * MIB, "{ctx}");
+        }
+        // The application freed the memory and trimmed it away: the relaunch needs it all again,
+        // and past the cap it is denied.
+        let out = run(c, "256m", "init ctx 0 gx 0 200m 0 0 0 1 glaunch 0 freeasync 0 gtrim 0 alloc 100m glaunch 0 stats 0");
+        assert_eq!(rcs(&out, "alloc"), vec![0], "{c}: {}", out.stdout);
+        assert_eq!(rcs(&out, "glaunch"), vec![0, 2], "{c}: {}", out.stdout);
+        assert!(peak(&out, 0) <= 256 * MIB, "{c}: {} bytes reached the device", peak(&out, 0));
+    }
+}
