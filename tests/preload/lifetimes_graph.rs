@@ -97,5 +97,13 @@ fn relaunching_an_auto_free_graph_reuses_what_the_last_launch_left() {
         assert_eq!(rcs(&out, "alloc"), vec![0], "{c}: {}", out.stdout);
         assert_eq!(rcs(&out, "glaunch"), vec![0, 2], "{c}: {}", out.stdout);
         assert!(peak(&out, 0) <= 256 * MIB, "{c}: {} bytes reached the device", peak(&out, 0));
+        // Freed by the application, then taken by another graph's launch: nothing left to reuse.
+        let ops = "init ctx 0 gx 0 200m 0 0 0 1 gx 0 200m 0 0 0 1 glaunch 0 freeasync 0 glaunch 1 glaunch 0 gmem 0 stats 0";
+        let plain = bare(c, ops);
+        assert_eq!(rcs(&plain, "glaunch"), vec![0, 0, 0], "{c} bare: {}", plain.stdout);
+        assert_eq!(plain.nth("gmem", 0).num("reserved"), 400 * MIB, "{c} bare: the relaunch needed new memory");
+        let out = run(c, "256m", ops);
+        assert_eq!(rcs(&out, "glaunch"), vec![0, 0, 2], "{c}: {}", out.stdout);
+        assert!(peak(&out, 0) <= 256 * MIB, "{c}: {} bytes reached the device", peak(&out, 0));
     }
 }

@@ -277,7 +277,8 @@ fn wanted(exec: CUgraphExec) -> Option<Known> {
 }
 
 /// Reserves `want` less `credit` on each device; on a denial, what it reserved is given back.
-fn reserve_all(api: Hook, want: &Want, credit: &Want, n: usize, got: &mut Want) -> Result<(), Plan> {
+/// The denial: the device, the bytes asked, what the device has charged.
+fn reserve_all(api: Hook, want: &Want, credit: &Want, n: usize, got: &mut Want) -> Result<(), (i32, u64, u64)> {
     for i in 0..n {
         let (d, full) = want[i];
         let bytes = full.saturating_sub(credit[i].1);
@@ -291,7 +292,7 @@ fn reserve_all(api: Hook, want: &Want, credit: &Want, n: usize, got: &mut Want) 
             }
             let scope = if denied.group { crate::group::name() } else { None };
             crate::denials::denied_in(crate::hooks::info(api).name, d as usize, bytes, &denied, scope);
-            return Err(Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, d as i32, bytes, ledger::used(d as usize)));
+            return Err((d as i32, bytes, ledger::used(d as usize)));
         }
         got[i] = (d, bytes);
     }
@@ -314,8 +315,8 @@ fn plan(api: Hook, known: Option<Known>) -> Plan {
         return Plan::Go { reserved: [(0, 0); LAUNCH_DEVICES], n: 0, all: true };
     };
     let mut got = [(0u16, 0u64); LAUNCH_DEVICES];
-    if let Err(deny) = reserve_all(api, &k.want, &k.credit, k.n, &mut got) {
-        return deny;
+    if let Err((d, bytes, used)) = reserve_all(api, &k.want, &k.credit, k.n, &mut got) {
+        return Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, d, bytes, used);
     }
     // Relieving pressure for this very reservation may have trimmed what the credit counted on:
     // then the launch reserves in full.
@@ -323,8 +324,8 @@ fn plan(api: Hook, known: Option<Known>) -> Plan {
         for &(u, b) in &got[..k.n] {
             ledger::unreserve(u as usize, b);
         }
-        if let Err(deny) = reserve_all(api, &k.want, &[(0, 0); LAUNCH_DEVICES], k.n, &mut got) {
-            return deny;
+        if let Err((d, bytes, used)) = reserve_all(api, &k.want, &[(0, 0); LAUNCH_DEVICES], k.n, &mut got) {
+            return Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, d, bytes, used);
         }
     }
     Plan::Go { reserved: got, n: k.n, all: k.all }
