@@ -9,6 +9,7 @@
 //! `VRAMCAP_SIDECAR=PATH` makes the same writer stream the lines to the node's sidecar
 //! ([`sidecar`]); either consumer alone starts it.
 
+mod announce;
 mod create;
 pub mod format;
 mod lifetime;
@@ -115,6 +116,9 @@ fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
                 }
                 fd = opened.fd;
                 *path = opened.path;
+                if let Some(list) = &config::get().trace_list {
+                    announce::announce(list, path);
+                }
             }
             Err((failed, err)) => {
                 let off = if socket.is_some() { "the trace file is off (the sidecar still gets events)" } else { "tracing is off" };
