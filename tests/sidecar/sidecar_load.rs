@@ -40,7 +40,12 @@ impl CpuCap {
 
 impl Drop for CpuCap {
     fn drop(&mut self) {
-        // The sidecar is gone by now (dropped first); an empty cgroup can be removed.
+        // Only an empty cgroup can be removed: what is still in it (the sidecar, when a failed
+        // assertion drops this first) goes back to the parent.
+        let parent = self.0.parent().unwrap().join("cgroup.procs");
+        for pid in std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default().lines() {
+            let _ = std::fs::write(&parent, pid);
+        }
         for _ in 0..50 {
             if std::fs::remove_dir(&self.0).is_ok() {
                 return;
