@@ -207,3 +207,31 @@ fn a_group_members_policy_share_reserve_and_headroom_are_reported() {
     assert!(text.contains("policy unknown") && text.contains("(j?]0;owned?ob)"), "{text}");
     assert!(text.contains("group \"te?[2J?FAKE GROUP\"") && text.contains("cu?]0;pwned??FAKE API"), "{text}");
 }
+
+/// A crafted trace (the sidecar's `--trace-dir` files hold clients' lines as received) with an
+/// alloc and a free on each of 10 000 device ordinals: nothing is live at any moment, so the
+/// report's state stays small; it used to keep (and print) one device entry per ordinal, 271 MB
+/// for a 3 MB trace. Counted, not timed: the devices kept, and the events left unread said.
+#[test]
+fn report_state_does_not_grow_with_crafted_device_ordinals() {
+    let d = scratch("report-devices");
+    let f = d.join("t.jsonl");
+    let mut s = String::from("{\"type\":\"header\",\"version\":1,\"pid\":7,\"ppid\":1,\"exe\":\"x\",\"host\":\"h\",\"start_unix_ns\":1,\"devices\":[]}\n");
+    for dev in 0..10_000u64 {
+        for (k, op) in ["alloc", "free"].iter().enumerate() {
+            let seq = 2 * dev + k as u64;
+            s += &format!("{{\"type\":\"event\",\"seq\":{seq},\"t_ns\":{seq},\"tid\":1,\"op\":\"{op}\",\"api\":\"cuMemAlloc_v2\",\"dev\":{dev},\"ptr\":\"0x1000\",\"size\":4096,\"result\":0,\"dur_ns\":1}}\n");
+        }
+    }
+    std::fs::write(&f, s).unwrap();
+    let out = vramcap(&["report", "--json", &f.to_string_lossy()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(out.stdout.len() < 1 << 20, "a {} byte report", out.stdout.len());
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &r["processes"][0];
+    assert_eq!(p["devices"].as_array().unwrap().len(), 64, "devices kept");
+    assert_eq!(p["untracked_device_events"], 2 * (10_000 - 64), "the rest is counted, not read");
+    assert_eq!(r["events"], 20_000);
+    let t = ok(&["report", &f.to_string_lossy()]);
+    assert!(t.contains("19872 event(s) on device ordinals past the first 64"), "{}", &t[t.len().saturating_sub(2000)..]);
+}

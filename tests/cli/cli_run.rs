@@ -351,3 +351,45 @@ fn report_keeps_a_trace_whose_header_is_long() {
     assert!(header_len > 1 << 20, "header of {header_len} bytes");
     assert!(err.contains(&*files[0].to_string_lossy()) && err.contains("100.0 MiB"), "the job's only trace is not reported:\n{}", &err[..err.len().min(2000)]);
 }
+
+/// Names taken by someone else push a process's trace to a fallback name (`t.jsonl.<pid>.1`):
+/// the report still reads it, because each process tells `run` the file it opened, and reads
+/// none of the planted files. In a sticky world-writable directory, as the issue found it, when
+/// we are root (another user, uid 65534, plants the names); otherwise hard links do the same
+/// (a file with two links is never taken over).
+#[test]
+fn report_finds_a_trace_pushed_to_a_fallback_name_by_planted_files() {
+    use std::os::unix::fs::PermissionsExt;
+    common::build_c();
+    let d = scratch("run-report-planted");
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let t = d.join("t.jsonl");
+    let root = unsafe { libc::geteuid() } == 0;
+    // The planted files: the template's own name now, `t.jsonl.<pid>` by the job's shell, which
+    // then becomes the traced process (exec keeps its pid).
+    let plant = |p: &str| {
+        if root {
+            format!("printf '' > {p} && chown 65534:65534 {p}")
+        } else {
+            format!("printf '' > {d}/decoy-$$ && ln -f {d}/decoy-$$ {p}", d = d.display())
+        }
+    };
+    let script = format!(
+        "{} && {} && exec {} init ctx 0 alloc 100m",
+        plant(&t.to_string_lossy()),
+        plant(&format!("{}.$$", t.display())),
+        client("client_procaddr")
+    );
+    let tmpl = t.to_string_lossy().into_owned();
+    let out = run(&["run", "--limit", "1GiB", "--trace", &tmpl, "--report", "--", "sh", "-c", &script]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    let written: Vec<_> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().matches('.').count() == 3)
+        .collect();
+    assert_eq!(written.len(), 1, "the job wrote t.jsonl.<pid>.1: {written:?}\n{err}");
+    assert!(err.contains(&format!("this process writes {}", written[0].display())), "{err}");
+    assert!(err.contains(&format!("== vramcap report ({})", written[0].display())) && err.contains("100.0 MiB"), "the fallback trace is not reported:\n{err}");
+}

@@ -2,3 +2,4 @@
 
 mod trace;
 mod trace_files;
+mod trace_loss;

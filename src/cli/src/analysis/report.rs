@@ -19,13 +19,13 @@ pub struct Report {
 
 pub fn compute(paths: &[PathBuf]) -> Result<Report, String> {
     let mut merged = Merged::open_usable(paths, Align::WallClock)?;
-    let mut procs: Vec<ProcStats> = merged.readers.iter().map(|_| ProcStats { devices: Vec::new() }).collect();
+    let mut procs: Vec<ProcStats> = merged.readers.iter().map(|_| ProcStats::new()).collect();
     let multi = procs.len() > 1;
     let mut combined: Vec<Combined> = Vec::new();
     let mut events = 0u64;
     while let Some((i, e, t)) = merged.next() {
         events += 1;
-        let d = procs[i].dev(e.dev);
+        let Some(d) = procs[i].dev(e.dev) else { continue };
         d.apply(&e);
         if multi {
             let used = d.used;
@@ -180,6 +180,7 @@ pub fn to_json(r: &Report) -> Value {
                    "group_policy": sh.policy, "group_priority": sh.priority, "group_holds_headroom": sh.holds_headroom,
                    "start_unix_ns": h.start_unix_ns, "devices": devices,
                    "dropped": r.merged.readers[i].summary.as_ref().map(|s| s.dropped),
+                   "untracked_device_events": p.untracked,
                    "complete": r.merged.readers[i].summary.is_some()})
         })
         .collect();
@@ -206,6 +207,9 @@ pub fn to_text(r: &Report) -> String {
         let _ = writeln!(o, "process {} ({}) on {} — {}", h.pid, printable(&h.exe), printable(&h.host), rd.path.display());
         if p.devices.is_empty() {
             let _ = writeln!(o, "  no events");
+        }
+        if p.untracked > 0 {
+            let _ = writeln!(o, "  {} event(s) on device ordinals past the first {} of this process: not read (no vramcap trace has so many)", p.untracked, ProcStats::MAX_DEVICES);
         }
         for d in &p.devices {
             let (limit, _) = limit_of(r, i, d.index);

@@ -149,6 +149,21 @@ fn job_id() -> Result<String, String> {
     Ok(format!("run-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()))
 }
 
+/// A new directory only this user can enter, under the temporary directory: a fixed name there
+/// could be made first by another user (and then be theirs to read and fill).
+fn private_dir() -> Result<PathBuf, String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut b = [0u8; 8];
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
+    let name = format!("vramcap-run-{}-{}", std::process::id(), b.iter().map(|x| format!("{x:02x}")).collect::<String>());
+    let d = std::env::temp_dir().join(name);
+    std::fs::DirBuilder::new().mode(0o700).create(&d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+    Ok(d)
+}
+
 /// A relative path made absolute, so a job that changes directory still writes where we read.
 fn absolute(p: &str) -> String {
     let path = Path::new(p);
@@ -199,19 +214,26 @@ pub fn main(a: RunArgs) -> Result<(), String> {
             usage_error(format!("--trace {t:?}: directory {} does not exist; expected a path in an existing directory", dir.display()));
         }
     }
-    // --report without --trace: a private temporary trace, removed after the report.
-    let tmp: Option<PathBuf> = (a.report && a.trace.is_none()).then(|| {
-        let d = std::env::temp_dir().join(format!("vramcap-run-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap_or_else(|e| usage_error(format!("cannot create {}: {e}", d.display())));
-        d
-    });
-    let trace = match (&a.trace, &tmp) {
+    // --report: a private directory for the list of trace files the job's processes wrote (and,
+    // without --trace, for the trace itself), removed after the report.
+    let private: Option<PathBuf> = a.report.then(|| private_dir().unwrap_or_else(|e| usage_error(e)));
+    let tmp = private.as_ref().filter(|_| a.trace.is_none());
+    let trace = match (&a.trace, tmp) {
         (Some(t), _) => Some(absolute(t)),
         (None, Some(d)) => Some(d.join("%e-%p.jsonl").to_string_lossy().into_owned()),
         _ => None,
     };
     let sidecar = a.sidecar.as_deref().map(absolute);
-    let vars = variables(&a, trace.as_deref(), sidecar.as_deref()).unwrap_or_else(|e| usage_error(e));
+    let mut vars = variables(&a, trace.as_deref(), sidecar.as_deref()).unwrap_or_else(|e| usage_error(e));
+    let list = private.as_ref().filter(|_| trace.is_some()).map(|d| d.join("traces"));
+    if let Some(l) = &list {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(l)
+            .unwrap_or_else(|e| usage_error(format!("cannot create {}: {e}", l.display())));
+        vars.push(("VRAMCAP_TRACE_LIST", l.to_string_lossy().into_owned()));
+    }
 
     let mut cmd = Command::new(prog);
     cmd.args(args);
@@ -243,9 +265,9 @@ pub fn main(a: RunArgs) -> Result<(), String> {
     let status = child.wait().map_err(|e| format!("waiting for the command: {e}"))?;
     if let Some(t) = trace.as_deref().filter(|_| a.report) {
         let job = vars.iter().find(|(k, _)| *k == "VRAMCAP_JOB").map(|(_, v)| v.as_str());
-        print_report(t, started, tmp.is_some(), child.id(), job);
+        print_report(t, list.as_deref(), started, tmp.is_some(), child.id(), job);
     }
-    if let Some(d) = tmp {
+    if let Some(d) = private {
         let _ = std::fs::remove_dir_all(d);
     }
     std::process::exit(shell_code(status));
@@ -253,8 +275,10 @@ pub fn main(a: RunArgs) -> Result<(), String> {
 
 /// The report goes to stderr: the job's stdout stays the job's.
 /// Only this job's traces: written since it started, carrying its id or by its process tree.
-fn print_report(template: &str, since: std::time::SystemTime, temporary: bool, root: u32, job: Option<&str>) {
-    let files = match traces::find(template, since).map(|f| traces::of_tree(f, root, job, since)) {
+fn print_report(template: &str, list: Option<&Path>, since: std::time::SystemTime, temporary: bool, root: u32, job: Option<&str>) {
+    let listed = list.map(traces::listed).unwrap_or_default();
+    let found = traces::find(template, since).map(|f| traces::of_tree(f, root, job, since));
+    let files = match found.map(|f| traces::union(listed, f)) {
         Ok(f) if !f.is_empty() => f,
         Ok(_) => {
             eprintln!("vramcap run: --report: no trace matching {template} was written (did the command use CUDA?)");

@@ -92,6 +92,33 @@ pub fn find(template: &str, since: SystemTime) -> Result<Vec<PathBuf>, String> {
     Ok(out)
 }
 
+/// The trace files named in `list` (`VRAMCAP_TRACE_LIST`: each of the job's processes appends
+/// the path it opened, as a JSON string per line): those that are regular files of this user.
+/// The list lies in a directory only we can enter, so every line is a process of the job's; a
+/// line that is no JSON string (a process killed mid-write) is skipped.
+pub fn listed(list: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let me = unsafe { libc::geteuid() };
+    let text = std::fs::read_to_string(list).unwrap_or_default();
+    let mut out: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<String>(l).ok())
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute() && std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.uid() == me))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Both lists, each file once, sorted.
+pub fn union(mut a: Vec<PathBuf>, b: Vec<PathBuf>) -> Vec<PathBuf> {
+    a.extend(b);
+    a.sort();
+    a.dedup();
+    a
+}
+
 /// What a trace's header (its first line) says about who wrote it.
 struct Ids {
     pid: u32,

@@ -255,6 +255,34 @@ fn answer(mut s: TcpStream, registry: &Mutex<Registry>, deadline: Instant) -> st
 mod tests {
     use super::*;
 
+    /// One client naming a new entry point on every allocation (500 000 of them, and names of
+    /// other forms): the sidecar keeps a bounded set of series, the rest counted as `other`, so
+    /// neither its memory nor the `/metrics` page grows with the stream. Counted, not timed.
+    #[test]
+    fn distinct_api_names_from_one_client_stay_bounded() {
+        let h = serde_json::json!({"type":"header","version":1,"pid":1,"exe":"py","devices":[{"index":0,"total":10,"limit":null}]});
+        let mut r = Registry::default();
+        let mut c = Client::from_header(99, 0, &h).unwrap();
+        c.apply(&serde_json::json!({"type":"event","op":"alloc","api":"cuMemAlloc_v2","dev":0,"used":1})).unwrap();
+        for i in 0..500_000u32 {
+            let api = if i % 2 == 0 { format!("cuMemAlloc{i}") } else { format!("x{}", "y".repeat(i as usize % 300)) };
+            c.apply(&serde_json::json!({"type":"event","op":"alloc","api":api,"dev":i % 2,"used":1})).unwrap();
+        }
+        let n: u64 = c.allocations.values().sum();
+        assert_eq!(n, 500_001, "every allocation is counted");
+        assert!(c.allocations.len() <= crate::sidecar::state::MAX_ALLOCATION_SERIES + 2, "{} series", c.allocations.len());
+        assert_eq!(c.allocations[&(0, "cuMemAlloc_v2".to_string())], 1, "the first names keep their own series");
+        assert_eq!(c.allocations[&(1, "other".to_string())], 250_000, "names not of the library's form");
+        // A snapshot with as many names is folded the same way.
+        let many: Vec<_> = (0..100_000).map(|i| serde_json::json!({"dev":0,"api":format!("cuX{i}"),"count":2})).collect();
+        c.apply(&serde_json::json!({"type":"usage","dropped":0,"devices":[],"allocations":many})).unwrap();
+        assert!(c.allocations.len() <= crate::sidecar::state::MAX_ALLOCATION_SERIES + 1, "{} series", c.allocations.len());
+        assert_eq!(c.allocations.values().sum::<u64>(), 200_000);
+        r.clients.insert(1, c);
+        let m = render(&r);
+        assert!(m.len() < 64 << 10, "a {} byte /metrics page", m.len());
+    }
+
     /// A group member's budget and its group's charge are exported beside its own numbers.
     #[test]
     fn group_budgets_are_exported() {

@@ -39,6 +39,10 @@ pub struct Config {
     /// `VRAMCAP_JOB`: the job this process belongs to, written into its trace header (`vramcap
     /// run` sets a fresh one, so its report finds every trace of the job and no other's).
     pub job: Option<String>,
+    /// `VRAMCAP_TRACE_LIST`: a file (that `vramcap run --report` made, private) to which each
+    /// traced process appends the path of the trace file it actually opened, so the report reads
+    /// exactly those, whatever fallback name a process had to take.
+    pub trace_list: Option<String>,
     /// Set when any input was invalid: we then fail closed (nothing is handed out uncapped).
     pub error: Option<ConfigError>,
     /// Non-fatal problems to print once.
@@ -101,6 +105,7 @@ impl Config {
         let real_libcuda = get("VRAMCAP_REAL_LIBCUDA").filter(|v| !v.trim().is_empty()).map(str::to_string);
         let trace = get("VRAMCAP_TRACE").filter(|v| !v.trim().is_empty()).map(str::to_string);
         let sidecar = get("VRAMCAP_SIDECAR").filter(|v| !v.trim().is_empty()).map(str::to_string);
+        let trace_list = get("VRAMCAP_TRACE_LIST").filter(|v| !v.trim().is_empty()).map(str::to_string);
         let lossless = match get("VRAMCAP_TRACE_MODE").map(|v| v.trim().to_ascii_lowercase()) {
             None => false,
             Some(v) => match v.as_str() {
@@ -126,7 +131,7 @@ impl Config {
                 None
             }
         });
-        Config { disabled, log_level, limits, group, real_libcuda, trace, sidecar, lossless, job, error, warnings, ceiling: None }
+        Config { disabled, log_level, limits, group, real_libcuda, trace, sidecar, lossless, job, trace_list, error, warnings, ceiling: None }
     }
 
     /// What a panicking parse leaves: an error, so CUDA initialisation fails instead of running

@@ -119,26 +119,109 @@ pub struct Event {
 }
 
 /// Interned strings (api and op names): a handful of distinct values across millions of lines.
+/// A crafted trace (the sidecar's `--trace-dir` files hold clients' lines as received) may carry
+/// a new name on every line: the table is bounded ([`Names::MAX`] names of at most
+/// [`Names::MAX_LEN`] bytes; the rest share one [`Names::OTHER`] entry) and indexed, so a line
+/// costs the same whatever came before it.
 #[derive(Default)]
 pub struct Names {
     names: Vec<String>,
+    /// The first names as written (before [`super::printable`]): a real trace's lines all hit
+    /// these, compared without hashing.
+    first: Vec<Box<[u8]>>,
+    index: std::collections::HashMap<Box<[u8]>, u16>,
+    other: Option<u16>,
 }
 
 impl Names {
+    /// Distinct names kept (the library emits about a hundred api and op names).
+    pub const MAX: usize = 1024;
+    /// The longest name kept (the library's longest is under 40 bytes).
+    pub const MAX_LEN: usize = 128;
+    /// What every name past those bounds reads as.
+    pub const OTHER: &'static str = "(other)";
+    const FIRST: usize = 8;
+
     pub fn intern(&mut self, s: &[u8]) -> u16 {
-        if let Some(i) = self.names.iter().position(|n| n.as_bytes() == s) {
+        if let Some(i) = self.first.iter().position(|n| **n == *s) {
             return i as u16;
         }
-        // Past 65535 distinct names the trace is not a vramcap trace; share the last slot.
-        if self.names.len() >= u16::MAX as usize {
-            return u16::MAX - 1;
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        if s.len() > Self::MAX_LEN || self.names.len() >= Self::MAX {
+            return self.other();
         }
         // Printed by report and replay: a crafted name never reaches a terminal as escapes.
-        self.names.push(super::printable(&String::from_utf8_lossy(s)));
-        (self.names.len() - 1) as u16
+        self.push(s, super::printable(&String::from_utf8_lossy(s)))
     }
+
+    fn push(&mut self, raw: &[u8], shown: String) -> u16 {
+        let i = self.names.len() as u16;
+        self.names.push(shown);
+        if self.first.len() < Self::FIRST {
+            self.first.push(raw.into());
+        } else {
+            self.index.insert(raw.into(), i);
+        }
+        i
+    }
+
+    fn other(&mut self) -> u16 {
+        match self.other {
+            Some(i) => i,
+            None => {
+                // One slot past MAX at most: the shared entry itself.
+                let i = self.push(b"\0(other)", Self::OTHER.to_string());
+                self.other = Some(i);
+                i
+            }
+        }
+    }
+
     pub fn get(&self, id: u16) -> &str {
         self.names.get(id as usize).map(|s| s.as_str()).unwrap_or("?")
+    }
+
+    /// How many names are kept (bounded by [`Names::MAX`] + 1).
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod names_tests {
+    use super::Names;
+
+    /// 100 000 distinct (and some over-long) names: the table stays bounded, the library's
+    /// names keep their own entries, and the rest read as one `(other)`.
+    #[test]
+    fn a_new_name_on_every_line_keeps_the_table_bounded() {
+        let mut n = Names::default();
+        let a = n.intern(b"cuMemAlloc_v2");
+        for i in 0..100_000 {
+            n.intern(format!("api{i:07}").as_bytes());
+        }
+        let long = n.intern(&[b'x'; 4096]);
+        assert!(n.len() <= Names::MAX + 1, "{} names kept", n.len());
+        assert_eq!((n.intern(b"cuMemAlloc_v2"), n.get(a)), (a, "cuMemAlloc_v2"));
+        let (late, early) = (n.intern(b"api0099999"), n.intern(b"api0000005"));
+        assert_eq!((n.get(long), n.get(late)), (Names::OTHER, Names::OTHER));
+        assert_eq!(n.get(early), "api0000005", "names seen before the table filled keep theirs");
+    }
+
+    /// A name that must be escaped for printing is found again by its bytes as written (it was
+    /// compared in its printed form, so every line of it added an entry).
+    #[test]
+    fn a_name_shown_escaped_is_interned_once() {
+        let mut n = Names::default();
+        let a = n.intern(b"cu\x1bMem");
+        let b = n.intern(b"cu\x1bMem");
+        assert_eq!((a, n.len()), (b, 1));
     }
 }
 

@@ -9,6 +9,7 @@
 //! `VRAMCAP_SIDECAR=PATH` makes the same writer stream the lines to the node's sidecar
 //! ([`sidecar`]); either consumer alone starts it.
 
+mod announce;
 mod create;
 pub mod format;
 mod lifetime;
@@ -115,6 +116,9 @@ fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
                 }
                 fd = opened.fd;
                 *path = opened.path;
+                if let Some(list) = &config::get().trace_list {
+                    announce::announce(list, path);
+                }
             }
             Err((failed, err)) => {
                 let off = if socket.is_some() { "the trace file is off (the sidecar still gets events)" } else { "tracing is off" };
@@ -156,10 +160,15 @@ fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
     // The last drain is done: a lossless thread still allocating (or the program's exit handlers,
     // which run on this thread after a pthread_exit) must not wait for it.
     events::set_writer_live(false);
+    // The summary counts what the I/O thread dropped only once it has seen every block.
+    w.settle();
     let s = summary();
     w.summary(&s);
     w.close();
-    warn_dropped(&s, trace_path.as_deref());
+    // The exit line's count is read after the I/O thread ended: a block still queued when the
+    // settle's deadline passed is in it too.
+    let (events, dropped) = events::emitted_and_dropped();
+    warn_dropped(events, dropped, trace_path.as_deref());
     lifetime::writer_done();
     if orphaned.get() && !lifetime::exiting() {
         lifetime::exit_as_last_thread();
@@ -167,8 +176,8 @@ fn writer_main(mut file: Option<(String, String)>, socket: Option<String>) {
 }
 
 /// One stderr line at exit when events were lost, so nobody reads an incomplete trace unawares.
-fn warn_dropped(s: &Summary, path: Option<&str>) {
-    if s.dropped == 0 || !crate::log::enabled(config::Level::Warn) {
+fn warn_dropped(events: u64, dropped: u64, path: Option<&str>) {
+    if dropped == 0 || !crate::log::enabled(config::Level::Warn) {
         return;
     }
     let whose = path.map_or("the sidecar stream".to_string(), |p| format!("the trace {p}"));
@@ -177,7 +186,7 @@ fn warn_dropped(s: &Summary, path: Option<&str>) {
          refused them); the summary's peak and held-at-exit are exact, lists built from events are \
          incomplete; VRAMCAP_TRACE_MODE=lossless keeps every event (the job's threads then wait \
          for the writer)",
-        s.dropped, s.events
+        dropped, events
     ));
 }
 

@@ -18,7 +18,7 @@ use crate::clock::Calibration;
 use crate::events::{self, Record, ThreadBuf};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Write when this much is buffered, even within the second.
@@ -45,6 +45,11 @@ struct Io {
     /// Set by the I/O thread after a write error: stop formatting for the file.
     failed: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Blocks handed to the I/O thread, and those it has finished with (written, or counted as
+    /// dropped after a write error): at exit the summary waits for the two to meet, or the
+    /// events of blocks still queued behind a failed write go uncounted.
+    sent: u64,
+    done: Arc<AtomicU64>,
     /// A block was refused because the queue was full (warned once).
     overflowed: bool,
 }
@@ -151,7 +156,7 @@ impl Writer {
             None => tx.try_send(block),
         };
         match sent {
-            Ok(()) => {}
+            Ok(()) => io.sent += 1,
             Err(TrySendError::Full(b)) => {
                 events::add_dropped(b.events);
                 if !io.overflowed {
@@ -243,6 +248,19 @@ impl Writer {
         }
     }
 
+    /// Hands over what is buffered and waits (until the exit deadline) for the I/O thread to
+    /// finish every block it was given, so that the events a failed write left behind are
+    /// counted before the summary is: "the events that could not be written are counted" holds
+    /// at exit too (a full disk and an exit right after it used to miss up to a block's worth).
+    pub fn settle(&mut self) {
+        let deadline = *self.exiting.get_or_insert(Instant::now() + EXIT_WAIT);
+        self.flush();
+        let Some(io) = self.io.as_ref().filter(|io| io.thread.is_some()) else { return };
+        while io.done.load(Ordering::Acquire) < io.sent && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     /// Lets the I/O thread write what is queued, close the file and finish.
     pub fn close(&mut self) {
         if let Some(mut io) = self.io.take() {
@@ -259,28 +277,31 @@ fn spawn_io(fd: i32, path: String) -> Io {
     let (back, spare) = crossbeam_channel::bounded::<Vec<u8>>(4);
     let failed = Arc::new(AtomicBool::new(false));
     let flag = failed.clone();
+    let done = Arc::new(AtomicU64::new(0));
+    let finished = done.clone();
     // Spawned from the writer thread, so it inherits its fully blocked signal mask.
     let thread = std::thread::Builder::new()
         .name("vramcap-io".into())
         .stack_size(128 * 1024)
-        .spawn(move || io_main(fd, &path, rx, &back, &flag));
+        .spawn(move || io_main(fd, &path, rx, &back, &flag, &finished));
     match thread {
-        Ok(t) => Io { tx: Some(tx), spare, failed, thread: Some(t), overflowed: false },
+        Ok(t) => Io { tx: Some(tx), spare, failed, thread: Some(t), sent: 0, done, overflowed: false },
         Err(_) => {
             // No thread: nothing will be written (counted as dropped, like a full disk).
             unsafe { libc::close(fd) };
             failed.store(true, Ordering::Relaxed);
-            Io { tx: None, spare, failed, thread: None, overflowed: false }
+            Io { tx: None, spare, failed, thread: None, sent: 0, done, overflowed: false }
         }
     }
 }
 
 /// The I/O thread: truncates the file, then writes blocks in order until the writer hangs up.
-fn io_main(fd: i32, path: &str, rx: Receiver<Block>, back: &Sender<Vec<u8>>, failed: &AtomicBool) {
+fn io_main(fd: i32, path: &str, rx: Receiver<Block>, back: &Sender<Vec<u8>>, failed: &AtomicBool, done: &AtomicU64) {
     let fd = fresh_file(fd, path);
     for mut block in rx.iter() {
         if failed.load(Ordering::Relaxed) {
             events::add_dropped(block.events);
+            done.fetch_add(1, Ordering::Release);
             continue;
         }
         if let Err((written, err)) = crate::log::write_all(fd, &block.bytes) {
@@ -295,6 +316,7 @@ fn io_main(fd: i32, path: &str, rx: Receiver<Block>, back: &Sender<Vec<u8>>, fai
                 "vramcap: trace {path} stopped: {err}; further events are counted as dropped, the job continues"
             ));
         }
+        done.fetch_add(1, Ordering::Release);
         // Only blocks of the usual size are worth keeping.
         if block.bytes.capacity() <= 2 * BLOCK {
             block.bytes.clear();
