@@ -250,18 +250,37 @@ FC_API CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 FC_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
     struct fc_pool *p;
+    CUresult rc;
+    int dev;
 
     FC_COUNT(cuMemPoolCreate);
     if (!fc_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pool || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    if (!pool || !props)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_dev(props->location.id))
-        return CUDA_ERROR_INVALID_DEVICE;
+    if (props->allocType == CU_MEM_ALLOCATION_TYPE_MANAGED &&
+        (props->location.type == CU_MEM_LOCATION_TYPE_NONE ||
+         (fc_location_dev(&props->location, &dev) == 0 && dev < 0))) {
+        /* CUDA 13 managed pool with no preferred location, or the host preferred (a hint): its
+         * pages migrate to the device that uses them. The fake runs no kernels; it models pages
+         * used by the device whose context is current at creation (device 0 without one), like
+         * its cuMemAllocManaged. */
+        struct fc_ctx *c = fc_current_ctx();
+        dev = c ? c->dev : 0;
+    } else if (props->allocType == CU_MEM_ALLOCATION_TYPE_PINNED || props->allocType == CU_MEM_ALLOCATION_TYPE_MANAGED) {
+        /* Device memory: a device or one of its locality domains (CUDA 13.4). Host pools
+         * (HOST_NUMA) are not modelled by the fake. */
+        if ((rc = fc_location_dev(&props->location, &dev)) != 0)
+            return rc;
+        if (dev < 0)
+            return CUDA_ERROR_NOT_SUPPORTED;
+    } else {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     if (!(p = calloc(1, sizeof *p)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     p->magic = POOL_MAGIC;
-    p->dev = props->location.id;
+    p->dev = dev;
     pthread_mutex_lock(&g_lock);
     p->next = g_pools;
     g_pools = p;

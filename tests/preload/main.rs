@@ -13,5 +13,6 @@ mod intercept;
 mod lifetime;
 mod lifetimes_ctx;
 mod lifetimes_pool;
+mod locations;
 mod lookups;
 mod numba;

@@ -52,6 +52,10 @@ pub struct CUmemLocation {
     pub id: c_int,
 }
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+/// CUDA 13: no preferred location (managed pools only); the value of `..._INVALID`.
+pub const CU_MEM_LOCATION_TYPE_NONE: c_int = 0;
+/// `CUmemAllocationType`: CUDA 13 managed pools.
+pub const CU_MEM_ALLOCATION_TYPE_MANAGED: c_int = 2;
 
 /// The leading fields of `CUmemAllocationProp` (we only read `location`; never sized by us).
 #[repr(C)]

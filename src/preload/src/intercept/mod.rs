@@ -9,6 +9,7 @@ pub mod handles;
 pub mod graph;
 pub mod host;
 pub mod init;
+pub mod location;
 pub mod mem;
 pub mod nvml;
 pub mod nvml_early;
