@@ -134,6 +134,8 @@ int fc_stream_dev(CUstream s);              /* -1: bad stream or no context */
 struct fc_ctx *fc_stream_ctx(CUstream s);   /* NULL: bad stream or no context */
 /* Graphs (graph.c): an allocation or free on a capturing stream becomes a graph node (returns 1);
  * graph memory a launch left allocated is freed by cuMemFreeAsync (returns 1 if dptr was one). */
+/* The stream a _ptsz entry point means: its default stream is the per-thread one. */
+CUstream fc_ptsz_stream(CUstream s);
 int fc_capture_alloc(CUstream s, CUdeviceptr *dptr, size_t size, int dev);
 int fc_capture_free(CUstream s, CUdeviceptr dptr);
 int fc_graph_mem_free(CUdeviceptr dptr);

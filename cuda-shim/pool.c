@@ -111,7 +111,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, struct fc_pool *p, CU
     if (!dptr || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0)
-        return stream ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
+        return (uintptr_t)stream > 2 ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
     if ((rc = fc_mem_inject()) != 0)
         return rc;
     if (fc_capture_alloc(stream, dptr, size, dev))
@@ -198,7 +198,7 @@ FC_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hSt
 FC_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     FC_COUNT(cuMemAllocAsync_ptsz);
-    return pool_alloc(dptr, bytesize, NULL, hStream);
+    return pool_alloc(dptr, bytesize, NULL, fc_ptsz_stream(hStream));
 }
 
 FC_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -212,7 +212,7 @@ FC_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                              CUstream hStream)
 {
     FC_COUNT(cuMemAllocFromPoolAsync_ptsz);
-    return pool ? pool_alloc(dptr, bytesize, pool, hStream) : CUDA_ERROR_INVALID_VALUE;
+    return pool ? pool_alloc(dptr, bytesize, pool, fc_ptsz_stream(hStream)) : CUDA_ERROR_INVALID_VALUE;
 }
 
 FC_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
@@ -224,7 +224,7 @@ FC_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 FC_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
     FC_COUNT(cuMemFreeAsync_ptsz);
-    return pool_free(dptr, hStream);
+    return pool_free(dptr, fc_ptsz_stream(hStream));
 }
 
 FC_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)

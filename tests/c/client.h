@@ -86,6 +86,8 @@
     X(cuCtxSynchronize_v2, "cuCtxSynchronize", 13000, 0) \
     X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, 0) \
     X(cuStreamEndCapture, "cuStreamEndCapture", 10000, 0) \
+    X(cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 10010, 2) \
+    X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, 2) \
     X(cuGraphCreate, "cuGraphCreate", 10000, 0) \
     X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 11040, 0) \
     X(cuGraphAddMemFreeNode, "cuGraphAddMemFreeNode", 11040, 0) \

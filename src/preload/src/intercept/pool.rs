@@ -267,9 +267,17 @@ pub unsafe fn alloc_async(dptr: *mut CUdeviceptr, size: usize, stream: CUstream)
     unsafe { alloc(Hook::cuMemAllocAsync, dptr, size, None, stream, || f(dptr, size, stream)) }
 }
 
+/// The stream a `_ptsz` variant means by `stream`, for the questions vramcap asks about it with
+/// the plain entry points (`cuStreamIsCapturing`, `cuStreamGetDevice`): its default stream (NULL)
+/// is the calling thread's per-thread default stream, which can be capturing, not the legacy one.
+/// The driver itself is always handed the caller's value.
+fn per_thread(stream: CUstream) -> CUstream {
+    if stream.is_null() { CU_STREAM_PER_THREAD } else { stream }
+}
+
 pub unsafe fn alloc_async_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult {
     let Some(f) = real::cuMemAllocAsync_ptsz() else { return MISSING_REAL };
-    unsafe { alloc(Hook::cuMemAllocAsync_ptsz, dptr, size, None, stream, || f(dptr, size, stream)) }
+    unsafe { alloc(Hook::cuMemAllocAsync_ptsz, dptr, size, None, per_thread(stream), || f(dptr, size, stream)) }
 }
 
 pub unsafe fn alloc_from_pool(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult {
@@ -286,7 +294,7 @@ pub unsafe fn alloc_from_pool_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: CU
         return unsafe { f(dptr, size, pool, stream) };
     }
     let hook = Hook::cuMemAllocFromPoolAsync_ptsz;
-    unsafe { alloc(hook, dptr, size, Some(pool as u64), stream, || f(dptr, size, pool, stream)) }
+    unsafe { alloc(hook, dptr, size, Some(pool as u64), per_thread(stream), || f(dptr, size, pool, stream)) }
 }
 
 pub unsafe fn free_async(ptr: CUdeviceptr, stream: CUstream) -> CUresult {
