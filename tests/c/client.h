@@ -152,6 +152,9 @@ int client_pool_op(const struct cu_api *api, const char *op, int argc, char **ar
                    unsigned long long (*new_slot)(unsigned long long),
                    unsigned long long (*slot)(const char *));
 
+/* Pool P of the client_ops.c pool table (exits when there is none). */
+CUmemoryPool client_pool(const char *s);
+
 /* Front-end helper: complain and exit when a function could not be resolved. */
 void client_need(const void *fn, const char *what);
 

@@ -80,6 +80,11 @@ static CUmemoryPool pool(const char *s)
     return g_pools[k];
 }
 
+CUmemoryPool client_pool(const char *s)
+{
+    return pool(s);
+}
+
 static CUmemAllocationProp prop_for(int type, int dev)
 {
     CUmemAllocationProp p;

@@ -452,7 +452,7 @@ pub unsafe fn destroy(pool: CUmemoryPool) -> CUresult {
         let mut used: u64 = 0;
         let f = import::cuMemPoolGetAttribute()?;
         let rc = unsafe { f(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, (&mut used as *mut u64).cast()) };
-        Some((p, rc == CUDA_SUCCESS && used > 0))
+        Some((p, (rc == CUDA_SUCCESS).then_some(used)))
     });
     let rc = unsafe { f(pool) };
     if rc == CUDA_SUCCESS {
@@ -461,11 +461,17 @@ pub unsafe fn destroy(pool: CUmemoryPool) -> CUresult {
         });
     }
     if rc == CUDA_SUCCESS
-        && let Some((p, driver_live)) = before
+        && let Some((p, driver_used)) = before
     {
         guarded((), || {
-            if driver_live && table::live(p) == 0 {
-                table::allocated_one(p); // allocations we never saw: keep the charge for good
+            match driver_used {
+                // allocations we never saw: keep the charge for good
+                Some(u) if u > 0 && table::live(p) == 0 => table::allocated_one(p),
+                // The driver holds nothing allocated from it, so the destroy gives its memory back:
+                // what we counted as live was never the pool's (an allocation captured into a
+                // graph, never launched, allocates nothing) or was freed where we did not see.
+                Some(0) => table::none_live(p),
+                _ => {}
             }
             let released = table::destroyed(p);
             if released > 0
