@@ -47,11 +47,11 @@ fn vmm_in_a_locality_domain_is_device_memory() {
 #[test]
 fn a_location_vramcap_cannot_place_is_refused_not_passed() {
     // INVALID (0), INVISIBLE (5) and a type newer than any documented one.
-    let ops = "init ctx 0 vmmat 2m 0 0 vmmat 2m 5 0 vmmat 2m 99 0 poolat 1 99 0 calls cuMemCreate calls cuMemPoolCreate";
+    let ops = "init ctx 0 vmmat 2m 0 0 vmmat 2m 5 0 vmmat 2m 99 0 poolat 1 99 0 poolat 2 99 0 calls cuMemCreate calls cuMemPoolCreate";
     for c in CLIENTS {
         let out = run(c, ops);
         assert_eq!(rcs(&out, "vmmat"), vec![1, 1, 1], "{c}: CUDA_ERROR_INVALID_VALUE");
-        assert_eq!(out.nth("pool", 0).rc(), 1, "{c}");
+        assert_eq!(rcs(&out, "pool"), vec![1, 1], "{c}: pinned and managed");
         assert_eq!(out.nth("calls", 0).num("n"), 0, "{c}: never passed to the driver");
         assert_eq!(out.nth("calls", 1).num("n"), 0, "{c}");
         assert_eq!(out.stderr.lines().filter(|l| l.contains("location type")).count(), 1, "{c}: one line says why:\n{}", out.stderr);

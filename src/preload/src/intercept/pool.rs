@@ -427,8 +427,10 @@ pub unsafe fn create(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> C
     let (kind, loc) = unsafe { ((*props).alloc_type, (*props).location) };
     let place = guarded(Place::Unknown, || pool_place(kind, &loc));
     // A location that names no memory vramcap can place is refused before the driver is asked
-    // (a managed pool it cannot place still goes through: it is only refused memory).
-    if kind != CU_MEM_ALLOCATION_TYPE_MANAGED && place == Place::Unknown {
+    // (a managed pool without a preferred device, made with no current context, goes through:
+    // it is only refused memory).
+    let unplaced = location::place(loc) == Place::Unknown && !(kind == CU_MEM_ALLOCATION_TYPE_MANAGED && loc.type_ == CU_MEM_LOCATION_TYPE_NONE);
+    if unplaced {
         return location::refuse(Hook::cuMemPoolCreate, loc);
     }
     let rc = unsafe { f(pool, props) };
