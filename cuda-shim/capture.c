@@ -4,6 +4,9 @@
  *  - cuStreamGetDevice / cuStreamGetCtx(_v2): a stream belongs to the context
  *    (and device) current when it was made; the default stream handles (NULL,
  *    CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) mean the current context;
+ *  - the default stream of an entry point's _ptsz variant is the calling thread's per-thread
+ *    default stream (CU_STREAM_PER_THREAD), which can be captured; the legacy default stream
+ *    (NULL in the other variants, CU_STREAM_LEGACY) cannot;
  *  - between cuStreamBeginCapture and cuStreamEndCapture, cuMemAllocAsync and
  *    cuMemFreeAsync on the stream allocate and free nothing: they become memory
  *    nodes of the captured graph (graph.c), allocated when it is launched.
@@ -81,10 +84,20 @@ FC_API CUresult cuStreamGetCtx_v2_ptsz(CUstream hStream, CUcontext *pctx, CUgree
 
 /* ---------------------------------------------------------------- capture */
 
+/* The calling thread's per-thread default stream, as a capture key (never dereferenced). */
+static __thread char g_per_thread_stream;
+
+CUstream fc_ptsz_stream(CUstream s)
+{
+    return s ? s : CU_STREAM_PER_THREAD;
+}
+
 /* Caller holds g_caplock. The capture slot of a stream, or -1. */
 static int capture_of(CUstream s)
 {
-    if ((uintptr_t)s <= 2)
+    if (s == CU_STREAM_PER_THREAD)
+        s = (CUstream)(void *)&g_per_thread_stream;
+    else if ((uintptr_t)s <= 2)
         return -1;
     for (int i = 0; i < CAPTURES; i++)
         if (g_cap[i].s == s)
@@ -99,9 +112,11 @@ static CUresult begin_capture(CUstream s)
 
     if (!fc_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    /* The legacy default stream cannot be captured. */
-    if ((uintptr_t)s <= 2 || fc_stream_dev(s) < 0)
-        return (uintptr_t)s <= 2 ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_HANDLE;
+    /* The legacy default stream cannot be captured; the per-thread one can. */
+    if (!s || s == CU_STREAM_LEGACY)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (fc_stream_dev(s) < 0)
+        return s == CU_STREAM_PER_THREAD ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
     if (cuGraphCreate(&g, 0) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&g_caplock);
@@ -110,7 +125,7 @@ static CUresult begin_capture(CUstream s)
     } else {
         for (int i = 0; i < CAPTURES; i++)
             if (!g_cap[i].s) {
-                g_cap[i].s = s;
+                g_cap[i].s = s == CU_STREAM_PER_THREAD ? (CUstream)(void *)&g_per_thread_stream : s;
                 g_cap[i].g = g;
                 rc = CUDA_SUCCESS;
                 break;
@@ -131,7 +146,7 @@ FC_API CUresult cuStreamBeginCapture(CUstream hStream)
 FC_API CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
 {
     FC_COUNT(cuStreamBeginCapture_ptsz);
-    return begin_capture(hStream);
+    return begin_capture(fc_ptsz_stream(hStream));
 }
 
 FC_API CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode)
@@ -145,7 +160,7 @@ FC_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode)
 {
     (void)mode;
     FC_COUNT(cuStreamBeginCapture_v2_ptsz);
-    return begin_capture(hStream);
+    return begin_capture(fc_ptsz_stream(hStream));
 }
 
 static CUresult end_capture(CUstream s, CUgraph *out)
@@ -175,7 +190,7 @@ FC_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 FC_API CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
 {
     FC_COUNT(cuStreamEndCapture_ptsz);
-    return end_capture(hStream, phGraph);
+    return end_capture(fc_ptsz_stream(hStream), phGraph);
 }
 
 static CUresult is_capturing(CUstream s, int *status)
@@ -199,7 +214,7 @@ FC_API CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus)
 FC_API CUresult cuStreamIsCapturing_ptsz(CUstream hStream, int *captureStatus)
 {
     FC_COUNT(cuStreamIsCapturing_ptsz);
-    return is_capturing(hStream, captureStatus);
+    return is_capturing(fc_ptsz_stream(hStream), captureStatus);
 }
 
 int fc_capture_alloc(CUstream s, CUdeviceptr *dptr, size_t size, int dev)

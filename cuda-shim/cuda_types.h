@@ -34,9 +34,19 @@ typedef struct fc_array *CUarray;         /* opaque */
 typedef struct fc_array *CUmipmappedArray;/* opaque (same registry as arrays) */
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct { int type; int id; } CUmemLocation;
+/* CUmemLocationType. NONE (CUDA 13) shares INVALID's value: "no preferred location", only for
+ * managed pools. For DEVICE_LOCALITY_DOMAIN (CUDA 13.4) `id` is the union's `localized` member:
+ * byte 0 the device ordinal, byte 1 the locality domain. */
+#define CU_MEM_LOCATION_TYPE_INVALID 0
+#define CU_MEM_LOCATION_TYPE_NONE   0
 #define CU_MEM_LOCATION_TYPE_DEVICE 1
 #define CU_MEM_LOCATION_TYPE_HOST   2
+#define CU_MEM_LOCATION_TYPE_HOST_NUMA 3
+#define CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT 4
+#define CU_MEM_LOCATION_TYPE_INVISIBLE 5
+#define CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN 6
 #define CU_MEM_ALLOCATION_TYPE_PINNED 1
+#define CU_MEM_ALLOCATION_TYPE_MANAGED 2
 typedef struct {
     int type;                   /* CUmemAllocationType */
     int requestedHandleTypes;

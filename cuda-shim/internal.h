@@ -64,6 +64,33 @@ static inline int valid_dev(CUdevice dev)
     return dev >= 0 && dev < fc_cfg.device_count;
 }
 
+/* Locality domains per device of the fake (CU_DEVICE_ATTRIBUTE_LOCALITY_DOMAIN_COUNT). */
+#define FC_LOCALITY_DOMAINS 2
+
+/* Where memory at a CUmemLocation lives: 0 with *dev the device (-1: host memory, HOST,
+ * HOST_NUMA, HOST_NUMA_CURRENT), or the driver's error for a location that names no memory. A
+ * locality domain is a portion of its device's memory (CUDA 13.4). */
+static inline CUresult fc_location_dev(const CUmemLocation *l, int *dev)
+{
+    switch (l->type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        *dev = l->id;
+        return valid_dev(l->id) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+    case CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN:
+        *dev = l->id & 0xff;
+        if (!valid_dev(*dev))
+            return CUDA_ERROR_INVALID_DEVICE;
+        return ((l->id >> 8) & 0xff) < FC_LOCALITY_DOMAINS ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        *dev = -1;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
 /* Common prologue of the per-device entry points. */
 #define DEV_CHECK(ptr, dev)                                  \
     do {                                                     \
@@ -107,6 +134,8 @@ int fc_stream_dev(CUstream s);              /* -1: bad stream or no context */
 struct fc_ctx *fc_stream_ctx(CUstream s);   /* NULL: bad stream or no context */
 /* Graphs (graph.c): an allocation or free on a capturing stream becomes a graph node (returns 1);
  * graph memory a launch left allocated is freed by cuMemFreeAsync (returns 1 if dptr was one). */
+/* The stream a _ptsz entry point means: its default stream is the per-thread one. */
+CUstream fc_ptsz_stream(CUstream s);
 int fc_capture_alloc(CUstream s, CUdeviceptr *dptr, size_t size, int dev);
 int fc_capture_free(CUstream s, CUdeviceptr dptr);
 int fc_graph_mem_free(CUdeviceptr dptr);

@@ -111,7 +111,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, struct fc_pool *p, CU
     if (!dptr || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0)
-        return stream ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
+        return (uintptr_t)stream > 2 ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
     if ((rc = fc_mem_inject()) != 0)
         return rc;
     if (fc_capture_alloc(stream, dptr, size, dev))
@@ -198,7 +198,7 @@ FC_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hSt
 FC_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     FC_COUNT(cuMemAllocAsync_ptsz);
-    return pool_alloc(dptr, bytesize, NULL, hStream);
+    return pool_alloc(dptr, bytesize, NULL, fc_ptsz_stream(hStream));
 }
 
 FC_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -212,7 +212,7 @@ FC_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                              CUstream hStream)
 {
     FC_COUNT(cuMemAllocFromPoolAsync_ptsz);
-    return pool ? pool_alloc(dptr, bytesize, pool, hStream) : CUDA_ERROR_INVALID_VALUE;
+    return pool ? pool_alloc(dptr, bytesize, pool, fc_ptsz_stream(hStream)) : CUDA_ERROR_INVALID_VALUE;
 }
 
 FC_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
@@ -224,7 +224,7 @@ FC_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 FC_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
     FC_COUNT(cuMemFreeAsync_ptsz);
-    return pool_free(dptr, hStream);
+    return pool_free(dptr, fc_ptsz_stream(hStream));
 }
 
 FC_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
@@ -250,18 +250,37 @@ FC_API CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 FC_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
     struct fc_pool *p;
+    CUresult rc;
+    int dev;
 
     FC_COUNT(cuMemPoolCreate);
     if (!fc_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pool || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    if (!pool || !props)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_dev(props->location.id))
-        return CUDA_ERROR_INVALID_DEVICE;
+    if (props->allocType == CU_MEM_ALLOCATION_TYPE_MANAGED &&
+        (props->location.type == CU_MEM_LOCATION_TYPE_NONE ||
+         (fc_location_dev(&props->location, &dev) == 0 && dev < 0))) {
+        /* CUDA 13 managed pool with no preferred location, or the host preferred (a hint): its
+         * pages migrate to the device that uses them. The fake runs no kernels; it models pages
+         * used by the device whose context is current at creation (device 0 without one), like
+         * its cuMemAllocManaged. */
+        struct fc_ctx *c = fc_current_ctx();
+        dev = c ? c->dev : 0;
+    } else if (props->allocType == CU_MEM_ALLOCATION_TYPE_PINNED || props->allocType == CU_MEM_ALLOCATION_TYPE_MANAGED) {
+        /* Device memory: a device or one of its locality domains (CUDA 13.4). Host pools
+         * (HOST_NUMA) are not modelled by the fake. */
+        if ((rc = fc_location_dev(&props->location, &dev)) != 0)
+            return rc;
+        if (dev < 0)
+            return CUDA_ERROR_NOT_SUPPORTED;
+    } else {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     if (!(p = calloc(1, sizeof *p)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     p->magic = POOL_MAGIC;
-    p->dev = props->location.id;
+    p->dev = dev;
     pthread_mutex_lock(&g_lock);
     p->next = g_pools;
     g_pools = p;

@@ -123,10 +123,10 @@ FC_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!handle || !prop || flags || size == 0 || size % FC_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
-    /* Host locations are host memory: not charged to any device. */
-    dev = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
-    if (dev >= 0 && !valid_dev(dev))
-        return CUDA_ERROR_INVALID_DEVICE;
+    /* Host locations are host memory: not charged to any device; a locality domain is its
+     * device's memory; any other type names no memory. */
+    if ((rc = fc_location_dev(&prop->location, &dev)) != 0)
+        return rc;
     if ((rc = fc_mem_inject()) != 0)
         return rc;
     if (!(v = calloc(1, sizeof *v)))

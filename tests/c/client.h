@@ -86,6 +86,8 @@
     X(cuCtxSynchronize_v2, "cuCtxSynchronize", 13000, 0) \
     X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, 0) \
     X(cuStreamEndCapture, "cuStreamEndCapture", 10000, 0) \
+    X(cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 10010, 2) \
+    X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, 2) \
     X(cuGraphCreate, "cuGraphCreate", 10000, 0) \
     X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 11040, 0) \
     X(cuGraphAddMemFreeNode, "cuGraphAddMemFreeNode", 11040, 0) \
@@ -150,6 +152,9 @@ int client_ctx_op(const struct cu_api *api, const char *op, int argc, char **arg
 int client_pool_op(const struct cu_api *api, const char *op, int argc, char **argv,
                    unsigned long long (*new_slot)(unsigned long long),
                    unsigned long long (*slot)(const char *));
+
+/* Pool P of the client_ops.c pool table (exits when there is none). */
+CUmemoryPool client_pool(const char *s);
 
 /* Front-end helper: complain and exit when a function could not be resolved. */
 void client_need(const void *fn, const char *what);

@@ -6,6 +6,7 @@
  *   managed SIZE         -> managed rc=N slot=K             (cuMemAllocManaged; free with `free K`)
  *   vmm SIZE DEV         -> vmm rc=N slot=K                 (cuMemCreate on DEV; handle in slot)
  *   vmmhost SIZE         -> vmmhost rc=N slot=K             (cuMemCreate, host location)
+ *   vmmat SIZE TYPE ID   -> vmmat rc=N slot=K               (cuMemCreate at location TYPE/ID, raw values)
  *   vmmmap K             -> vmmmap rc=N                     (reserve, map twice, set access, write, unmap, free)
  *   release K            -> release rc=N                    (cuMemRelease)
  *   maparray | maparrayp -> maparray rc=N                   (cuMemMapArrayAsync / _ptsz, one zeroed entry)
@@ -13,6 +14,7 @@
  *   freeasync K | freeasyncp K -> freeasync rc=N
  *   defpool DEV          -> pool rc=N id=P                  (cuDeviceGetDefaultMemPool)
  *   poolcreate DEV       -> pool rc=N id=P                  (cuMemPoolCreate)
+ *   poolat ALLOC TYPE ID -> pool rc=N id=P                  (cuMemPoolCreate: allocType ALLOC, location TYPE/ID)
  *   curpool DEV          -> pool rc=N id=P                  (cuDeviceGetMemPool)
  *   keep P               -> keep rc=N                       (release threshold = max: freed memory stays)
  *   palloc P SIZE | pallocp P SIZE -> palloc rc=N slot=K    (cuMemAllocFromPoolAsync / _ptsz)
@@ -78,6 +80,11 @@ static CUmemoryPool pool(const char *s)
         exit(2);
     }
     return g_pools[k];
+}
+
+CUmemoryPool client_pool(const char *s)
+{
+    return pool(s);
 }
 
 static CUmemAllocationProp prop_for(int type, int dev)
@@ -221,6 +228,13 @@ int client_extra_op(const struct cu_api *A, const char *op, int argc, char **arg
         OUT("%s rc=%d slot=%llu", op, rc, new_slot(rc ? 0 : h));
         return dev ? 2 : 1;
     }
+    if (!strcmp(op, "vmmat")) {
+        CUmemAllocationProp prop = prop_for((int)num(ARG(1)), (int)num(ARG(2)));
+        CUmemGenericAllocationHandle h = 0;
+        rc = A->cuMemCreate(&h, num(ARG(0)), &prop, 0);
+        OUT("vmmat rc=%d slot=%llu", rc, new_slot(rc ? 0 : h));
+        return 3;
+    }
     if (!strcmp(op, "vmmmap")) {
         OUT("vmmmap rc=%d", vmm_map(A, slot(ARG(0))));
         return 1;
@@ -246,9 +260,16 @@ int client_extra_op(const struct cu_api *A, const char *op, int argc, char **arg
         OUT("freeasync rc=%d", rc);
         return 1;
     }
-    if (!strcmp(op, "defpool") || !strcmp(op, "poolcreate") || !strcmp(op, "curpool")) {
+    if (!strcmp(op, "defpool") || !strcmp(op, "poolcreate") || !strcmp(op, "curpool") || !strcmp(op, "poolat")) {
         CUmemoryPool pl = NULL;
-        if (op[0] == 'd') {
+        if (!strcmp(op, "poolat")) {
+            CUmemPoolProps props;
+            memset(&props, 0, sizeof props);
+            props.allocType = (int)num(ARG(0));
+            props.location.type = (int)num(ARG(1));
+            props.location.id = (int)num(ARG(2));
+            rc = A->cuMemPoolCreate(&pl, &props);
+        } else if (op[0] == 'd') {
             rc = A->cuDeviceGetDefaultMemPool(&pl, (CUdevice)num(ARG(0)));
         } else if (op[0] == 'c') {
             rc = A->cuDeviceGetMemPool(&pl, (CUdevice)num(ARG(0)));
@@ -263,7 +284,7 @@ int client_extra_op(const struct cu_api *A, const char *op, int argc, char **arg
         if (rc == CUDA_SUCCESS && g_npools < 64)
             g_pools[g_npools++] = pl;
         OUT("pool rc=%d id=%d", rc, g_npools - 1);
-        return 1;
+        return strcmp(op, "poolat") ? 1 : 3;
     }
     if (!strcmp(op, "keep")) {
         cuuint64_t max = ~0ULL;

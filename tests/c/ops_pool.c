@@ -26,6 +26,11 @@
  *                             2 WithParams, 3 WithParams_ptsz; upload stream NULL) and FLAGS)
  *   capture SIZE FREE      -> capture rc=N id=E slot=K (cuMemAllocAsync [+ cuMemFreeAsync] captured
  *                             on a new stream, instantiated WithFlags)
+ *   ptcapture SIZE         -> capture rc=N id=E slot=K (cuMemAllocAsync_ptsz captured on the per-thread
+ *                             default stream, NULL to the _ptsz variants; instantiated WithFlags)
+ *   pcapture P SIZE        -> capture rc=N id=E slot=K (cuMemAllocFromPoolAsync from pool P captured on a
+ *                             new stream, instantiated WithFlags, not launched)
+ *   pooldestroy P          -> pooldestroy rc=N         (cuMemPoolDestroy)
  *   glaunch E | glaunchp E | gupload E | guploadp E -> glaunch rc=N
  *   gexecfree E            -> gexecfree rc=N           (cuGraphExecDestroy)
  *   gmem DEV               -> gmem rc=N used=U reserved=R
@@ -406,6 +411,39 @@ int client_pool_op(const struct cu_api *api, const char *op, int argc, char **ar
         keep_exec(rc, e);
         OUT("capture rc=%d id=%d slot=%llu", rc, g_nexecs - 1, new_slot(p));
         return 2;
+    }
+    if (!strcmp(op, "pcapture")) {
+        CUstream s = NULL;
+        CUgraph g = NULL;
+        CUgraphExec e = NULL;
+        CUmemoryPool pl = client_pool(ARG(0));
+        if ((rc = A->cuStreamCreate(&s, 0)) == CUDA_SUCCESS &&
+            (rc = A->cuStreamBeginCapture_v2(s, 0)) == CUDA_SUCCESS) {
+            rc = A->cuMemAllocFromPoolAsync(&p, n(ARG(1)), pl, s);
+            CUresult end = A->cuStreamEndCapture(s, &g);
+            if (rc == CUDA_SUCCESS && (rc = end) == CUDA_SUCCESS)
+                rc = instantiate(&e, g, 0);
+        }
+        keep_exec(rc, e);
+        OUT("capture rc=%d id=%d slot=%llu", rc, g_nexecs - 1, new_slot(p));
+        return 2;
+    }
+    if (!strcmp(op, "pooldestroy")) {
+        OUT("pooldestroy rc=%d", A->cuMemPoolDestroy(client_pool(ARG(0))));
+        return 1;
+    }
+    if (!strcmp(op, "ptcapture")) {
+        CUgraph g = NULL;
+        CUgraphExec e = NULL;
+        if ((rc = A->cuStreamBeginCapture_v2_ptsz(NULL, 0)) == CUDA_SUCCESS) {
+            rc = A->cuMemAllocAsync_ptsz(&p, n(ARG(0)), NULL);
+            CUresult end = A->cuStreamEndCapture_ptsz(NULL, &g);
+            if (rc == CUDA_SUCCESS && (rc = end) == CUDA_SUCCESS)
+                rc = instantiate(&e, g, 0);
+        }
+        keep_exec(rc, e);
+        OUT("capture rc=%d id=%d slot=%llu", rc, g_nexecs - 1, new_slot(p));
+        return 1;
     }
     if (!strcmp(op, "glaunch") || !strcmp(op, "glaunchp") || !strcmp(op, "gupload") || !strcmp(op, "guploadp")) {
         CUgraphExec e = exec_arg(ARG(0));

@@ -239,3 +239,43 @@ fn nvidia_cuda_bindings_pools_and_graphs_follow_the_lifetimes() {
     assert!(out.status.success(), "cuda-bindings pools failed:\n{}\n{}", out.stdout, out.stderr);
     assert!(out.stdout.contains("bindings pools ok"), "{}", out.stdout);
 }
+
+/// Issue 23: a capture on the per-thread default stream (NULL to `cuStreamBeginCapture_v2_ptsz`
+/// and `cuMemAllocAsync_ptsz`) allocates nothing; it must be asked of that stream, not of the
+/// legacy one (which is never capturing), or a capture near the cap is refused. The launch is
+/// charged.
+#[test]
+fn a_capture_on_the_per_thread_default_stream_allocates_nothing() {
+    let ops = "init ctx 0 alloc 200m ptcapture 100m info glaunch 0 free 0 glaunch 0 info stats 0";
+    for c in CLIENTS {
+        let out = run(c, "256m", ops);
+        assert_eq!(out.nth("capture", 0).rc(), 0, "{c}: {}", out.stdout);
+        assert_eq!(out.nth("info", 0).num("free"), 56 * MIB, "{c}: the capture is not charged");
+        assert_eq!(rcs(&out, "glaunch"), vec![2, 0], "{c}: the launch is");
+        assert!(peak(&out, 0) <= 256 * MIB, "{c}");
+
+        let bare = Run::client(c).bare().args([ops]).run();
+        bare.ok();
+        assert_eq!(bare.nth("capture", 0).rc(), 0, "{c}: the plain driver captures it");
+        assert_eq!(bare.nth("stats", 0).num("bytes_held"), 100 * MIB, "{c}: and allocates at launch");
+    }
+}
+
+/// Issue 23: `cuMemAllocFromPoolAsync` captured into a graph that is never launched allocates
+/// nothing from the pool, so destroying the pool gives all of its memory back, and its charge goes
+/// with it (it stayed for ever: a false out-of-memory).
+#[test]
+fn a_captured_pool_allocation_never_launched_does_not_keep_a_destroyed_pools_charge() {
+    let ops = "init ctx 0 poolcreate 0 palloc 0 100m freeasync 0 pcapture 0 100m pooldestroy 0 info alloc 200m stats 0";
+    for c in CLIENTS {
+        let out = run(c, "256m", ops);
+        assert_eq!(out.nth("capture", 0).rc(), 0, "{c}: {}", out.stdout);
+        assert_eq!(out.nth("pooldestroy", 0).rc(), 0, "{c}");
+        assert_eq!(out.nth("info", 0).num("free"), 256 * MIB, "{c}: the destroyed pool's charge went");
+        assert_eq!(out.nth("alloc", 0).rc(), 0, "{c}");
+
+        let bare = Run::client(c).bare().args([ops]).run();
+        bare.ok();
+        assert_eq!(bare.nth("stats", 0).num("bytes_held"), 200 * MIB, "{c}: the plain driver freed the pool");
+    }
+}

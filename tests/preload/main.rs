@@ -15,5 +15,6 @@ mod lifetime;
 mod lifetimes_ctx;
 mod lifetimes_graph;
 mod lifetimes_pool;
+mod locations;
 mod lookups;
 mod numba;

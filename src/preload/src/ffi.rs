@@ -52,6 +52,12 @@ pub struct CUmemLocation {
     pub id: c_int,
 }
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+/// The per-thread default stream's handle (`cuda.h`: `((CUstream)0x2)`).
+pub const CU_STREAM_PER_THREAD: CUstream = 2 as CUstream;
+/// CUDA 13: no preferred location (managed pools only); the value of `..._INVALID`.
+pub const CU_MEM_LOCATION_TYPE_NONE: c_int = 0;
+/// `CUmemAllocationType`: CUDA 13 managed pools.
+pub const CU_MEM_ALLOCATION_TYPE_MANAGED: c_int = 2;
 
 /// The leading fields of `CUmemAllocationProp` (we only read `location`; never sized by us).
 #[repr(C)]

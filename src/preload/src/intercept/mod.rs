@@ -10,6 +10,7 @@ pub mod graph;
 pub mod graph_nodes;
 pub mod host;
 pub mod init;
+pub mod location;
 pub mod mem;
 pub mod nvml;
 pub mod nvml_early;

@@ -20,6 +20,7 @@
 
 use super::charge::{Timed, begun, emit, timed};
 use super::init::ensure_limits;
+use super::location::{self, Place};
 use super::pool_table::{self as table, Pool};
 use super::{MISSING_REAL, Mode, guarded, mode};
 use crate::events::Op;
@@ -266,9 +267,17 @@ pub unsafe fn alloc_async(dptr: *mut CUdeviceptr, size: usize, stream: CUstream)
     unsafe { alloc(Hook::cuMemAllocAsync, dptr, size, None, stream, || f(dptr, size, stream)) }
 }
 
+/// The stream a `_ptsz` variant means by `stream`, for the questions vramcap asks about it with
+/// the plain entry points (`cuStreamIsCapturing`, `cuStreamGetDevice`): its default stream (NULL)
+/// is the calling thread's per-thread default stream, which can be capturing, not the legacy one.
+/// The driver itself is always handed the caller's value.
+fn per_thread(stream: CUstream) -> CUstream {
+    if stream.is_null() { CU_STREAM_PER_THREAD } else { stream }
+}
+
 pub unsafe fn alloc_async_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult {
     let Some(f) = real::cuMemAllocAsync_ptsz() else { return MISSING_REAL };
-    unsafe { alloc(Hook::cuMemAllocAsync_ptsz, dptr, size, None, stream, || f(dptr, size, stream)) }
+    unsafe { alloc(Hook::cuMemAllocAsync_ptsz, dptr, size, None, per_thread(stream), || f(dptr, size, stream)) }
 }
 
 pub unsafe fn alloc_from_pool(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult {
@@ -285,7 +294,7 @@ pub unsafe fn alloc_from_pool_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: CU
         return unsafe { f(dptr, size, pool, stream) };
     }
     let hook = Hook::cuMemAllocFromPoolAsync_ptsz;
-    unsafe { alloc(hook, dptr, size, Some(pool as u64), stream, || f(dptr, size, pool, stream)) }
+    unsafe { alloc(hook, dptr, size, Some(pool as u64), per_thread(stream), || f(dptr, size, pool, stream)) }
 }
 
 pub unsafe fn free_async(ptr: CUdeviceptr, stream: CUstream) -> CUresult {
@@ -334,52 +343,70 @@ pub unsafe fn set_attribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void)
     rc
 }
 
-/// A pool handed to the application: registered on the device it belongs to (`None`: a pool of
-/// host memory, remembered as such).
-fn handed_out(rc: CUresult, pool: *mut CUmemoryPool, dev: Option<c_int>) {
+/// A pool handed to the application: registered on the device it belongs to, or remembered as a
+/// pool of host memory. A pool of unknown place is neither: what is asked of it is refused
+/// ([`plan`] cannot place it).
+fn handed_out(rc: CUresult, pool: *mut CUmemoryPool, place: Place) {
     if rc == CUDA_SUCCESS && !pool.is_null() && mode() == Mode::Enforce {
         guarded((), || {
             let h = unsafe { *pool } as u64;
-            match dev {
-                Some(d) if d >= 0 => {
-                    table::register(h, d as usize);
+            match place {
+                Place::Device(d) => {
+                    table::register(h, d);
                 }
-                _ => {
+                Place::Host => {
                     host_pool(h, Some(true));
                 }
+                Place::Unknown => {}
             }
         });
     }
 }
 
+fn device_place(dev: CUdevice) -> Place {
+    if dev >= 0 { Place::Device(dev as usize) } else { Place::Unknown }
+}
+
 pub unsafe fn default_pool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
     let Some(f) = real::cuDeviceGetDefaultMemPool() else { return MISSING_REAL };
     let rc = unsafe { f(pool, dev) };
-    handed_out(rc, pool, Some(dev));
+    handed_out(rc, pool, device_place(dev));
     rc
 }
 
 pub unsafe fn current_pool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
     let Some(f) = real::cuDeviceGetMemPool() else { return MISSING_REAL };
     let rc = unsafe { f(pool, dev) };
-    handed_out(rc, pool, Some(dev));
+    handed_out(rc, pool, device_place(dev));
     rc
 }
 
-/// The device a location names (`None`: host memory and the like, never charged).
-fn location_device(loc: *const CUmemLocation) -> Option<c_int> {
+/// Where a pool's memory is charged, from its allocation type and location. Pinned pools live at
+/// their location. Managed pools (CUDA 13) are device memory wherever they prefer to live: their
+/// pages migrate to the device that uses them, and a preferred location (the host, or none at all,
+/// `CU_MEM_LOCATION_TYPE_NONE`) is only a hint. Like `cuMemAllocManaged`, one is charged to the
+/// device it names, or else to the device of the calling thread's context (unknown without one,
+/// so nothing is handed out of it: vramcap cannot say which device's cap it would count against).
+fn pool_place(alloc_type: c_int, loc: *const CUmemLocation) -> Place {
     if loc.is_null() {
-        return None;
+        return Place::Unknown;
     }
     let l = unsafe { *loc };
-    (l.type_ == CU_MEM_LOCATION_TYPE_DEVICE && l.id >= 0).then_some(l.id)
+    match (alloc_type, location::place(l)) {
+        (CU_MEM_ALLOCATION_TYPE_MANAGED, Place::Device(d)) => Place::Device(d),
+        (CU_MEM_ALLOCATION_TYPE_MANAGED, _) if l.type_ == CU_MEM_LOCATION_TYPE_NONE || location::place(l) == Place::Host => {
+            super::current_device().map_or(Place::Unknown, Place::Device)
+        }
+        (CU_MEM_ALLOCATION_TYPE_MANAGED, _) => Place::Unknown,
+        (_, p) => p,
+    }
 }
 
 /// CUDA 13: `cuMemGetDefaultMemPool(pool, location, type)`.
 pub unsafe fn location_default_pool(pool: *mut CUmemoryPool, loc: *mut CUmemLocation, kind: c_int) -> CUresult {
     let Some(f) = real::cuMemGetDefaultMemPool() else { return MISSING_REAL };
     let rc = unsafe { f(pool, loc, kind) };
-    handed_out(rc, pool, guarded(None, || location_device(loc)));
+    handed_out(rc, pool, guarded(Place::Unknown, || pool_place(kind, loc)));
     rc
 }
 
@@ -387,17 +414,28 @@ pub unsafe fn location_default_pool(pool: *mut CUmemoryPool, loc: *mut CUmemLoca
 pub unsafe fn location_current_pool(pool: *mut CUmemoryPool, loc: *mut CUmemLocation, kind: c_int) -> CUresult {
     let Some(f) = real::cuMemGetMemPool() else { return MISSING_REAL };
     let rc = unsafe { f(pool, loc, kind) };
-    handed_out(rc, pool, guarded(None, || location_device(loc)));
+    handed_out(rc, pool, guarded(Place::Unknown, || pool_place(kind, loc)));
     rc
 }
 
 pub unsafe fn create(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult {
     let Some(f) = real::cuMemPoolCreate() else { return MISSING_REAL };
-    let rc = unsafe { f(pool, props) };
-    if !props.is_null() {
-        // Pools of host memory are not device memory: never charged.
-        handed_out(rc, pool, guarded(None, || location_device(unsafe { &(*props).location })));
+    // A NULL props is the driver's to refuse.
+    if props.is_null() || mode() != Mode::Enforce {
+        return unsafe { f(pool, props) };
     }
+    let (kind, loc) = unsafe { ((*props).alloc_type, (*props).location) };
+    let place = guarded(Place::Unknown, || pool_place(kind, &loc));
+    // A location that names no memory vramcap can place is refused before the driver is asked
+    // (a managed pool without a preferred device, made with no current context, goes through:
+    // it is only refused memory).
+    let unplaced = location::place(loc) == Place::Unknown && !(kind == CU_MEM_ALLOCATION_TYPE_MANAGED && loc.type_ == CU_MEM_LOCATION_TYPE_NONE);
+    if unplaced {
+        return location::refuse(Hook::cuMemPoolCreate, loc);
+    }
+    let rc = unsafe { f(pool, props) };
+    // Pools of host memory are not device memory: never charged.
+    handed_out(rc, pool, place);
     rc
 }
 
@@ -416,7 +454,7 @@ pub unsafe fn destroy(pool: CUmemoryPool) -> CUresult {
         let mut used: u64 = 0;
         let f = import::cuMemPoolGetAttribute()?;
         let rc = unsafe { f(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, (&mut used as *mut u64).cast()) };
-        Some((p, rc == CUDA_SUCCESS && used > 0))
+        Some((p, (rc == CUDA_SUCCESS).then_some(used)))
     });
     let rc = unsafe { f(pool) };
     if rc == CUDA_SUCCESS {
@@ -425,11 +463,17 @@ pub unsafe fn destroy(pool: CUmemoryPool) -> CUresult {
         });
     }
     if rc == CUDA_SUCCESS
-        && let Some((p, driver_live)) = before
+        && let Some((p, driver_used)) = before
     {
         guarded((), || {
-            if driver_live && table::live(p) == 0 {
-                table::allocated_one(p); // allocations we never saw: keep the charge for good
+            match driver_used {
+                // allocations we never saw: keep the charge for good
+                Some(u) if u > 0 && table::live(p) == 0 => table::allocated_one(p),
+                // The driver holds nothing allocated from it, so the destroy gives its memory back:
+                // what we counted as live was never the pool's (an allocation captured into a
+                // graph, never launched, allocates nothing) or was freed where we did not see.
+                Some(0) => table::none_live(p),
+                _ => {}
             }
             let released = table::destroyed(p);
             if released > 0

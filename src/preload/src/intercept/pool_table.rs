@@ -239,6 +239,11 @@ pub fn live(p: &Pool) -> u64 {
     p.live.load(Ordering::Acquire)
 }
 
+/// The driver says nothing is allocated from `p` (read while its handle was valid).
+pub fn none_live(p: &Pool) {
+    p.live.store(0, Ordering::Release);
+}
+
 pub fn allocated_one(p: &Pool) {
     p.live.fetch_add(1, Ordering::AcqRel);
 }

@@ -6,6 +6,7 @@
 
 use super::charge::{self, Target, Timed, begun, emit, timed};
 use super::handles;
+use super::location::{self, Place};
 use super::{MISSING_REAL, Mode, guarded, mode};
 use crate::events::Op;
 use crate::ffi::*;
@@ -17,15 +18,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub unsafe fn create(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult {
     let Some(f) = real::cuMemCreate() else { return MISSING_REAL };
     let call = || unsafe { f(handle, size, prop, flags) };
-    let loc = if prop.is_null() { None } else { Some(unsafe { (*prop).location }) };
-    match loc {
-        Some(l) if l.type_ == CU_MEM_LOCATION_TYPE_DEVICE && l.id >= 0 => {
-            charge::alloc(Hook::cuMemCreate, Kind::VmmHandle, Target::Device(l.id as usize), size as u64, call, || {
-                handles::created(unsafe { *handle })
-            })
-        }
-        // Host (NUMA) locations are host memory; a NULL prop is the driver's to refuse.
-        _ => call(),
+    // A NULL prop is the driver's to refuse.
+    let Some(l) = (if prop.is_null() { None } else { Some(unsafe { (*prop).location }) }) else { return call() };
+    match location::place(l) {
+        Place::Device(d) => charge::alloc(Hook::cuMemCreate, Kind::VmmHandle, Target::Device(d), size as u64, call, || {
+            handles::created(unsafe { *handle })
+        }),
+        // Host (NUMA) locations are host memory.
+        Place::Host => call(),
+        Place::Unknown if mode() == Mode::PassThrough => call(),
+        Place::Unknown => location::refuse(Hook::cuMemCreate, l),
     }
 }
 
