@@ -84,12 +84,19 @@ pub fn walk(graph: CUgraph) -> Walk {
                         out.complete = false;
                         continue;
                     }
-                    let loc = p.pool_props.location;
-                    if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE || loc.id < 0 || loc.id as usize >= MAX_DEVICES {
-                        continue;
-                    }
+                    // Placed as every other location is (a device's locality domain is that
+                    // device's memory); one vramcap cannot place makes the walk incomplete, so
+                    // every device is re-read after each launch rather than trusted.
+                    let dev = match super::location::place(p.pool_props.location) {
+                        super::location::Place::Device(d) if d < MAX_DEVICES => d,
+                        super::location::Place::Host => continue,
+                        _ => {
+                            out.complete = false;
+                            continue;
+                        }
+                    };
                     let bytes = (p.bytesize as u64).div_ceil(GRANULARITY).saturating_mul(GRANULARITY);
-                    allocs.push((loc.id as u16, bytes, p.dptr));
+                    allocs.push((dev as u16, bytes, p.dptr));
                 }
                 CU_GRAPH_NODE_TYPE_MEM_FREE => {
                     // Unreadable: counted as freeing nothing we know, so nothing is taken for held.
