@@ -3,7 +3,8 @@
  * context's device and freed with that context (cuCtxDestroy's documentation).
  * Documented rules kept here: a layered or cubemap array's Depth is its layer (face) count, so a
  * mipmapped one has every layer at every level; a SPARSE or DEFERRED_MAPPING array is allocated
- * without physical backing (its memory comes later from cuMemCreate, mapped by cuMemMapArrayAsync).
+ * without physical backing (its memory comes later from cuMemCreate, mapped by cuMemMapArrayAsync);
+ * a mipmapped array's level count is clamped to [1, 1 + floor(log2(max(width, height, depth)))].
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -147,8 +148,23 @@ FC_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARR
     size_t bytes = 0;
 
     FC_COUNT(cuMipmappedArrayCreate);
-    if (!pHandle || !d || !format_bytes(d->Format) || d->Width == 0 || levels == 0)
+    if (!pHandle || !d || !format_bytes(d->Format) || d->Width == 0)
         return fc_initialized() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    /* Documented: the level count is clamped to [1, 1 + floor(log2(max(width, height, depth)))]. */
+    {
+        size_t m = d->Width > d->Height ? d->Width : d->Height;
+        unsigned int top = 0;
+        if (d->Depth > m)
+            m = d->Depth;
+        while (m) {
+            top++;
+            m >>= 1;
+        }
+        if (levels < 1)
+            levels = 1;
+        if (levels > top)
+            levels = top;
+    }
     for (unsigned int l = 0; l < levels; l++) {
         size_t w = dim(d->Width >> l), h = d->Height ? dim(d->Height >> l) : 1,
                z = !d->Depth ? 1 : (d->Flags & ARRAY_LAYERS) ? d->Depth : dim(d->Depth >> l);

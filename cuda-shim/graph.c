@@ -45,7 +45,7 @@ struct fc_gnode {
 struct fc_graph {
     unsigned int magic;
     int moved;                  /* owned by a parent's child graph node */
-    struct fc_gnode *nodes;
+    struct fc_gnode *nodes, *last;  /* in insertion order; last: appended to in O(1) */
     size_t n;
 };
 
@@ -83,7 +83,7 @@ static size_t round_gran(size_t n)
 /* Caller holds g_glock. */
 static struct fc_gnode *add_node(CUgraph g, int type, int dev, size_t size, CUdeviceptr dptr)
 {
-    struct fc_gnode *n = calloc(1, sizeof *n), **tail = &g->nodes;
+    struct fc_gnode *n = calloc(1, sizeof *n);
 
     if (!n)
         return NULL;
@@ -95,9 +95,11 @@ static struct fc_gnode *add_node(CUgraph g, int type, int dev, size_t size, CUde
         n->dptr = g_next_va;
         g_next_va += size;
     }
-    while (*tail)
-        tail = &(*tail)->next;
-    *tail = n;
+    if (g->last)
+        g->last->next = n;
+    else
+        g->nodes = n;
+    g->last = n;
     g->n++;
     return n;
 }

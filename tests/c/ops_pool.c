@@ -24,6 +24,9 @@
  *                             into a new parent's child graph node (cuGraphAddNode_v2, ownership
  *                             MOVE); the outermost instantiated with variant I (0 WithFlags,
  *                             2 WithParams, 3 WithParams_ptsz; upload stream NULL) and FLAGS)
+ *   gwide K M SIZE         -> graph rc=N id=E slot=K   (K graphs, each of M child graph nodes (clones of
+ *                             an empty graph), the first ending in a SIZE allocation node on device
+ *                             0, all moved into one root, instantiated WithFlags)
  *   capture SIZE FREE      -> capture rc=N id=E slot=K (cuMemAllocAsync [+ cuMemFreeAsync] captured
  *                             on a new stream, instantiated WithFlags)
  *   ptcapture SIZE         -> capture rc=N id=E slot=K (cuMemAllocAsync_ptsz captured on the per-thread
@@ -204,6 +207,19 @@ static CUresult instantiate(CUgraphExec *e, CUgraph g, int variant)
     case 3: return A->cuGraphInstantiateWithParams_ptsz(e, g, &ip);
     default: return A->cuGraphInstantiate(e, g, NULL, NULL, 0);
     }
+}
+
+/* Adds to `into` a child graph node embedding `child` (moved or cloned). */
+static CUresult child_node(CUgraph into, CUgraph child, int ownership)
+{
+    CUgraphNode cn = NULL;
+    CUgraphNodeParams gp;
+
+    memset(&gp, 0, sizeof gp);
+    gp.type = CU_GRAPH_NODE_TYPE_GRAPH;
+    gp.graph.graph = child;
+    gp.graph.ownership = ownership;
+    return A->cuGraphAddNode_v2(&cn, into, NULL, NULL, 0, &gp);
 }
 
 static void keep_exec(CUresult rc, CUgraphExec e)
@@ -394,6 +410,36 @@ int client_pool_op(const struct cu_api *api, const char *op, int argc, char **ar
         keep_exec(rc, e);
         OUT("graph rc=%d id=%d slot=%llu", rc, g_nexecs - 1, new_slot(np.dptr));
         return 6;
+    }
+    if (!strcmp(op, "gwide")) {
+        CUDA_MEM_ALLOC_NODE_PARAMS np;
+        CUgraph root = NULL, empty = NULL;
+        CUgraphNode an = NULL;
+        CUgraphExec e = NULL;
+        unsigned long long k = n(ARG(0)), m = n(ARG(1));
+        memset(&np, 0, sizeof np);
+        np.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        np.poolProps.location.id = 0;
+        np.bytesize = n(ARG(2));
+        if ((rc = A->cuGraphCreate(&root, 0)) == CUDA_SUCCESS)
+            rc = A->cuGraphCreate(&empty, 0);
+        for (unsigned long long i = 0; i < k && rc == CUDA_SUCCESS; i++) {
+            CUgraph g = NULL;
+            if ((rc = A->cuGraphCreate(&g, 0)) != CUDA_SUCCESS)
+                break;
+            for (unsigned long long j = 0; j < m && rc == CUDA_SUCCESS; j++)
+                rc = child_node(g, empty, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE);
+            if (rc == CUDA_SUCCESS && i == 0)
+                rc = A->cuGraphAddMemAllocNode(&an, g, NULL, 0, &np);
+            if (rc == CUDA_SUCCESS)
+                rc = child_node(root, g, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE);
+        }
+        if (rc == CUDA_SUCCESS)
+            rc = A->cuGraphInstantiateWithFlags(&e, root, 0);
+        keep_exec(rc, e);
+        OUT("graph rc=%d id=%d slot=%llu", rc, g_nexecs - 1, new_slot(np.dptr));
+        return 3;
     }
     if (!strcmp(op, "capture")) {
         CUstream s = NULL;

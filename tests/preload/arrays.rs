@@ -68,3 +68,31 @@ fn sparse_and_deferred_mapping_arrays_take_no_memory_until_mapped() {
         assert_eq!(rcs(&out, "array"), vec![2], "{c}: {}", out.stdout);
     }
 }
+
+// 4096 × 2048 floats: the documentation clamps the level count to [1, 1 + floor(log2(4096))] = [1, 13].
+fn pyramid(w: u64, h: u64, levels: u32) -> u64 {
+    (0..levels).map(|l| (w >> l).max(1) * (h >> l).max(1) * 4).sum()
+}
+
+#[test]
+fn mipmapped_level_counts_are_clamped_as_documented() {
+    // 65 levels (past 64, where a shift by the level wraps) and u32::MAX levels are 13; 0 is 1.
+    let full = pyramid(4096, 2048, 13);
+    let ops = "init ctx 0 mipmap 4096 2048 65 stats 0 mipmap 4096 2048 4294967295 stats 0 mipfree 1 mipfree 0 mipmap 4096 2048 0 stats 0";
+    for c in CLIENTS {
+        let out = Run::client(c).bare().args([ops]).run();
+        out.ok();
+        assert_eq!(rcs(&out, "array"), vec![0, 0, 0], "{c} bare: {}", out.stdout);
+        assert_eq!(out.nth("stats", 0).num("bytes_held"), full, "{c} bare");
+        assert_eq!(out.nth("stats", 1).num("bytes_held"), 2 * full, "{c} bare");
+        assert_eq!(out.nth("stats", 2).num("bytes_held"), pyramid(4096, 2048, 1), "{c} bare");
+    }
+    for c in CLIENTS {
+        // ~42.7 MiB under a 64 MiB cap: it fits, however many levels are asked for.
+        let out = run(c, "64m", "init ctx 0 mipmap 4096 2048 65 info mipfree 0 mipmap 4096 2048 4294967295 info mipfree 1 mipmap 4096 2048 0 info");
+        assert_eq!(rcs(&out, "array"), vec![0, 0, 0], "{c}: no false out-of-memory: {}", out.stdout);
+        assert_eq!(64 * MIB - out.nth("info", 0).num("free"), full, "{c}: charged as the device holds it");
+        assert_eq!(64 * MIB - out.nth("info", 1).num("free"), full, "{c}");
+        assert_eq!(64 * MIB - out.nth("info", 2).num("free"), pyramid(4096, 2048, 1), "{c}");
+    }
+}

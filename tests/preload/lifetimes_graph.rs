@@ -107,3 +107,22 @@ fn relaunching_an_auto_free_graph_reuses_what_the_last_launch_left() {
         assert!(peak(&out, 0) <= 256 * MIB, "{c}: {} bytes reached the device", peak(&out, 0));
     }
 }
+
+#[test]
+fn a_memory_node_past_a_million_other_nodes_is_still_charged() {
+    // gwide K M SIZE: 1024 moved children of 1025 (empty, cloned) child graph nodes each, over 2^20
+    // nodes in all; the only memory node ends the child read last.
+    let ops = "init ctx 0 gwide 1024 1025 200m glaunch 0 gmem 0 stats 0";
+    for c in CLIENTS {
+        let out = bare(c, ops);
+        assert_eq!(out.nth("graph", 0).rc(), 0, "{c} bare: {}", out.stdout);
+        assert_eq!(rcs(&out, "glaunch"), vec![0], "{c} bare");
+        assert_eq!(out.nth("gmem", 0).num("reserved"), 200 * MIB, "{c} bare: the launch allocated it");
+    }
+    for c in CLIENTS {
+        let out = run(c, "64m", ops);
+        assert_eq!(out.nth("graph", 0).rc(), 0, "{c}: {}", out.stdout);
+        assert_eq!(rcs(&out, "glaunch"), vec![2], "{c}: 200 MiB past a 64 MiB cap: {}", out.stdout);
+        assert!(peak(&out, 0) <= 64 * MIB, "{c}: {} bytes reached the device", peak(&out, 0));
+    }
+}

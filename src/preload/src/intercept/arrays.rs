@@ -33,13 +33,21 @@ pub fn array_bytes(w: usize, h: usize, d: usize, format: i32, channels: u32, lev
         return 0;
     }
     let per = element_bytes(format).saturating_mul(channels.max(1) as u64);
-    (0..levels.max(1))
+    (0..clamp_levels(w, h, d, levels))
         .map(|l| {
             let dim = |v: usize| ((v as u64) >> l).max(1);
             let depth = if flags & LAYERS != 0 { (d as u64).max(1) } else { dim(d) };
             dim(w).saturating_mul(dim(h)).saturating_mul(depth).saturating_mul(per)
         })
         .fold(0u64, u64::saturating_add)
+}
+
+/// The levels a mipmapped array gets: `cuMipmappedArrayCreate` clamps the count asked for to
+/// [1, 1 + floor(log2(max(width, height, depth)))]. Counting past that would over-charge (a level
+/// shift of 64 or more wraps back to full size) and loop up to `u32::MAX` times.
+fn clamp_levels(w: usize, h: usize, d: usize, levels: u32) -> u32 {
+    let top = 64 - (w.max(h).max(d).max(1) as u64).leading_zeros();
+    levels.clamp(1, top)
 }
 
 /// Charges `size`, or, for an array without physical backing, calls the driver alone (it takes
@@ -134,6 +142,10 @@ mod tests {
         assert_eq!(array_bytes(8, 8, 12, 0x20, 1, 4, 0x05), (64 + 16 + 4 + 1) * 4 * 12);
         // A 3D mipmapped array still halves its depth.
         assert_eq!(array_bytes(8, 8, 8, 0x20, 1, 4, 0), (512 + 64 + 8 + 1) * 4);
+        // Level counts are clamped to [1, 1 + floor(log2(max dimension))]: 8x8 has 4 levels.
+        assert_eq!(array_bytes(8, 8, 0, 0x20, 1, 0, 0), 64 * 4);
+        assert_eq!(array_bytes(8, 8, 0, 0x20, 1, 65, 0), (64 + 16 + 4 + 1) * 4);
+        assert_eq!(array_bytes(8, 8, 0, 0x20, 1, u32::MAX, 0), (64 + 16 + 4 + 1) * 4);
         assert_eq!(array_bytes(4096, 4096, 64, 0x20, 4, 1, 0x40), 0, "sparse: no backing");
         assert_eq!(array_bytes(4096, 4096, 64, 0x20, 4, 1, 0x80), 0, "deferred mapping: no backing");
     }

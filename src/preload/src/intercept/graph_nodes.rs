@@ -2,9 +2,10 @@
 //! graph, however deeply nested in child graph nodes. A graph holding memory nodes can be a child
 //! only when moved into its parent (`CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`, CUDA 12.9,
 //! `cuGraphAddNode_v2`), and `cuGraphGetNodes` lists a graph's own nodes only, so the walk goes
-//! down through `cuGraphChildGraphNodeGetGraph`. Moved children form a tree; the walk still stops
-//! after `MAX_NODES` nodes and then says it is incomplete, so that the launch is settled from the
-//! driver's count rather than trusted.
+//! down through `cuGraphChildGraphNodeGetGraph`. Moved children form a tree, so the walk reads
+//! every node however many there are: stopping early would leave the nodes past that point
+//! uncharged (the launch would allocate them past the cap before any settle could see them). A
+//! graph reached twice (never, by the documentation) is read once, so the walk always ends.
 
 use crate::ffi::*;
 use crate::hooks::import;
@@ -12,7 +13,6 @@ use crate::ledger::MAX_DEVICES;
 use std::collections::HashSet;
 
 const GRANULARITY: u64 = 2 << 20;
-const MAX_NODES: usize = 1 << 20;
 
 /// Bytes per device.
 pub type Needs = Vec<(u16, u64)>;
@@ -59,19 +59,16 @@ pub fn walk(graph: CUgraph) -> Walk {
     let mut allocs: Vec<(u16, u64, CUdeviceptr)> = Vec::new();
     let mut freed: HashSet<CUdeviceptr> = HashSet::new();
     let mut stack = vec![graph];
-    let mut seen = 0usize;
+    let mut read: HashSet<usize> = HashSet::new();
     while let Some(g) = stack.pop() {
+        if !read.insert(g as usize) {
+            continue;
+        }
         let Some(nodes) = nodes_of(g) else {
             out.complete = false;
             continue;
         };
         for node in nodes {
-            seen += 1;
-            if seen > MAX_NODES {
-                out.complete = false;
-                stack.clear();
-                break;
-            }
             let mut t = -1;
             if unsafe { kind(node, &mut t) } != CUDA_SUCCESS {
                 out.complete = false;
