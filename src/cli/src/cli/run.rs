@@ -35,8 +35,9 @@ pub struct RunArgs {
     /// used without --trace).
     #[arg(long)]
     pub report: bool,
-    /// The command and its arguments (after `--`).
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    /// The command and its arguments (after `--`). Not `allow_hyphen_values`: a mistyped flag
+    /// before `--` (`--limti 4g`) must be an error with clap's suggestion, not the command.
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
 
