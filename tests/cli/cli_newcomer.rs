@@ -164,3 +164,12 @@ fn json_leaked_bytes_is_never_above_what_was_held_at_exit() {
     let v = json(&["report", "--json", &data("job_rank0.jsonl")]);
     assert_eq!(v["processes"][0]["devices"][0]["leaked_bytes"].as_u64(), Some(3 * GIB / 2));
 }
+
+#[test]
+fn top_defaults_to_the_documented_socket() {
+    let out = clean_vramcap(&["top", "--once"]).output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("/run/vramcap/sidecar.sock"), "{err}");
+    assert!(vramcap(&["sidecar", "--help"]).stdout.windows(26).any(|w| w == b"/run/vramcap/sidecar.sock]"));
+}
