@@ -173,3 +173,27 @@ fn top_defaults_to_the_documented_socket() {
     assert!(err.contains("/run/vramcap/sidecar.sock"), "{err}");
     assert!(vramcap(&["sidecar", "--help"]).stdout.windows(26).any(|w| w == b"/run/vramcap/sidecar.sock]"));
 }
+
+#[test]
+fn the_demos_running_line_runs_as_printed_on_the_fake_gpu() {
+    let dir = scratch("demo-line");
+    let out = clean_vramcap(&["demo", "--out"]).arg(&dir).env_remove("LD_LIBRARY_PATH").output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let line = stdout.lines().find_map(|l| l.strip_prefix("running:")).expect("a running: line").trim().to_string();
+    assert!(line.contains(" --fake-gpu "), "{line}");
+    let trace = dir.join("trace.jsonl");
+    std::fs::remove_file(&trace).unwrap();
+    // As a user pastes it into a shell: no fake driver on the loader path, nothing but the line.
+    let mut sh = std::process::Command::new("sh");
+    clean_env(&mut sh);
+    let out = sh.env_remove("LD_LIBRARY_PATH").arg("-c").arg(&line).output().unwrap();
+    assert!(out.status.success(), "{line}: {}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("vramcap: denied"), "the job meets its cap: {}", text(&out.stderr));
+    let r = json(&["report", "--json", trace.to_str().unwrap()]);
+    assert_eq!(r["processes"][0]["devices"][0]["total"].as_u64(), Some(16 * GIB));
+    assert_eq!(r["processes"][0]["devices"][0]["limit"].as_u64(), Some(8 * GIB));
+    // A bad size is an error naming the flag.
+    let out = clean_vramcap(&["run", "--fake-gpu", "50%", "--", "true"]).output().unwrap();
+    assert!(out.status.code() == Some(2) && text(&out.stderr).contains("--fake-gpu \"50%\""), "{}", text(&out.stderr));
+}
