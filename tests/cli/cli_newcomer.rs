@@ -197,3 +197,26 @@ fn the_demos_running_line_runs_as_printed_on_the_fake_gpu() {
     let out = clean_vramcap(&["run", "--fake-gpu", "50%", "--", "true"]).output().unwrap();
     assert!(out.status.code() == Some(2) && text(&out.stderr).contains("--fake-gpu \"50%\""), "{}", text(&out.stderr));
 }
+
+/// Every line of the README's fake-GPU walkthrough, pasted into a shell in a fresh directory
+/// beside the built tree: each succeeds (or exits as its comment says).
+#[test]
+fn the_readmes_fake_gpu_walkthrough_runs_line_by_line() {
+    let root = vramcap_tests::common::root();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let section = readme.split("## Try the commands on the fake GPU").nth(1).expect("the section");
+    let block = section.split("```sh\n").nth(1).unwrap().split("```").next().unwrap();
+    let dir = scratch("readme-walk");
+    std::os::unix::fs::symlink(root.join("target"), dir.join("target")).unwrap();
+    let lines: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines.len() >= 4, "{block}");
+    for line in lines {
+        let want = if line.contains("# exit 1") { 1 } else { 0 };
+        let mut sh = std::process::Command::new("sh");
+        clean_env(&mut sh);
+        let out = sh.env_remove("LD_LIBRARY_PATH").current_dir(&dir).arg("-c").arg(line).output().unwrap();
+        assert_eq!(out.status.code(), Some(want), "{line}: {}", text(&out.stderr));
+    }
+    let svg = std::fs::read_to_string(dir.join("usage.svg")).unwrap();
+    assert!(svg.starts_with("<svg"), "{}", &svg[..40.min(svg.len())]);
+}
