@@ -112,12 +112,17 @@ fn percent_takes_the_total_from_the_header() {
 }
 
 #[test]
-fn staggering_the_second_job_makes_them_fit() {
-    // rank1 starting at 4500 ns meets rank0 at 1 GiB: peak is rank0's 3.5 GiB at 5000.
+fn staggering_the_second_job_leaves_only_the_first_jobs_own_demand() {
+    // rank1 starting at 4500 ns meets rank0 at 1 GiB: peak is rank0's 3.5 GiB at 5000. What is
+    // left over 4 GiB is rank0's own recorded denial (2 GiB asked at 3 GiB used, issue 28 §5):
+    // it was refused at 4 GiB, so at 4 GiB they still do not fit, and 5 GiB is the need.
     let r = replay(&["--limit", "4GiB", "--stagger", "0,4500ns"]);
-    assert_eq!(r["fits"], true);
+    assert_eq!(r["fits"], false);
+    assert_eq!((r["first_denial"]["pid"].as_u64(), r["first_denial"]["recorded"].as_bool()), (Some(100), Some(true)));
+    assert_eq!(r["first_denial"]["t_ns"].as_u64(), Some(3000));
     assert_eq!(r["peak"]["0"].as_u64(), Some(3 * GIB + 512 * MIB));
     assert_eq!(r["peak_t_ns"]["0"].as_u64(), Some(5000));
+    assert_eq!(r["min_limit"]["0"].as_u64(), Some(5 * GIB));
 }
 
 #[test]
@@ -140,7 +145,8 @@ fn events_without_a_device_do_not_need_a_device_total() {
     let mut lines: Vec<&str> = golden.lines().collect();
     lines.insert(lines.len() - 1, extra);
     std::fs::write(&f, lines.join("\n") + "\n").unwrap();
-    let r = json(&["replay", "--json", "--limit", "25%", f.to_str().unwrap()]);
+    // 50% = 8 GiB: above the 5 GiB its recorded denial asked for.
+    let r = json(&["replay", "--json", "--limit", "50%", f.to_str().unwrap()]);
     assert_eq!(r["fits"], true);
     assert_eq!(r["peak"]["0"].as_u64(), Some(3 * GIB));
     assert!(r["peak"].get("-1").is_none());

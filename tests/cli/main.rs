@@ -4,6 +4,7 @@ mod cli_demo;
 mod cli_doctor;
 mod cli_export;
 mod cli_grammar;
+mod cli_newcomer;
 mod cli_replay;
 mod cli_report;
 mod cli_run;

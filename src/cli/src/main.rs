@@ -7,6 +7,9 @@ use analysis::merge::parse_duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
+/// The sidecar's socket as docs/deploy.md places it (`sidecar` and `top` default to it).
+const DEFAULT_SOCKET: &str = "/run/vramcap/sidecar.sock";
+
 #[derive(Parser)]
 #[command(name = "vramcap", version, about = "GPU memory caps, traces and live events for CUDA jobs")]
 struct Cli {
@@ -35,7 +38,7 @@ enum Cmd {
     /// serve Prometheus metrics. Protocol: docs/sidecar-protocol.md.
     Sidecar {
         /// Unix socket to listen on (created with mode 0660; its directory is created if missing).
-        #[arg(long)]
+        #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: std::path::PathBuf,
         /// Serve /metrics on HOST:PORT (port 0 picks a free port, printed at start).
         #[arg(long, value_name = "HOST:PORT")]
@@ -68,7 +71,7 @@ enum Cmd {
     /// Live table of the processes a sidecar sees.
     Top {
         /// The sidecar's Unix socket.
-        #[arg(long)]
+        #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: std::path::PathBuf,
         /// Print one snapshot and exit (for scripts).
         #[arg(long)]
@@ -83,13 +86,16 @@ enum Cmd {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// Write the report to this file instead of standard output (`-`: standard output).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
     },
     /// Draw usage over time (SVG): per device, processes stacked, the cap as a line, denials marked.
     Plot {
         /// Trace files (VRAMCAP_TRACE output), merged on the wall clock.
         #[arg(required = true)]
         traces: Vec<PathBuf>,
-        /// The SVG file to write.
+        /// The SVG file to write (`-`: standard output).
         #[arg(short, long, default_value = "usage.svg")]
         output: PathBuf,
     },
@@ -101,7 +107,7 @@ enum Cmd {
         /// Trace files (VRAMCAP_TRACE output), merged on the wall clock.
         #[arg(required = true)]
         traces: Vec<PathBuf>,
-        /// The file to write.
+        /// The file to write (`-`: standard output).
         #[arg(short, long)]
         output: PathBuf,
         /// Start of the window, from the earliest trace start (30s, 1.5s, 250ms, …; at most 10
@@ -209,8 +215,23 @@ fn print_size(spec: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// clap's own errors in the one `vramcap: ` form every other error has (its `error: ` replaced);
+/// help and version go out as clap writes them.
+fn parse_args() -> Cli {
+    use clap::error::ErrorKind;
+    match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) => e.exit(),
+        Err(e) => {
+            let msg = e.render().to_string();
+            eprint!("vramcap: {}", msg.strip_prefix("error: ").unwrap_or(&msg));
+            std::process::exit(2);
+        }
+    }
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = parse_args();
     if !matches!(cli.cmd, Cmd::Sidecar { .. } | Cmd::Top { .. } | Cmd::Run(_)) {
         cli::die_on_broken_pipe();
     }
@@ -253,12 +274,19 @@ fn main() {
             }
             Ok(())
         }
-        Cmd::Report { traces, json } => analysis::report::compute(&traces).map(|r| {
+        Cmd::Report { traces, json, output } => analysis::report::compute(&traces).and_then(|r| {
             r.merged.warn_input();
-            if json {
-                println!("{}", analysis::report::to_json(&r));
-            } else {
-                print!("{}", analysis::report::to_text(&r));
+            let text = if json { format!("{}\n", analysis::report::to_json(&r)) } else { analysis::report::to_text(&r) };
+            match output {
+                Some(p) if !analysis::output::is_stdout(&p) => {
+                    use std::io::Write as _;
+                    let mut f = analysis::output::create(&p)?;
+                    f.write_all(text.as_bytes()).map_err(|e| format!("{}: cannot write: {e}", p.display()))
+                }
+                _ => {
+                    print!("{text}");
+                    Ok(())
+                }
             }
         }),
         Cmd::Plot { traces, output } => analysis::plot::plot(&traces, &output),

@@ -28,7 +28,7 @@ impl Window {
 pub(super) fn past_the_end(out: &Path, w: Window, last_t: Option<u64>, exported: bool) -> Result<(), String> {
     match last_t {
         Some(end) if !exported && w.from > end => {
-            let _ = std::fs::remove_file(out);
+            super::output::remove(out);
             Err(format!(
                 "--from {:.3}s is past the end of the traces (their last event is at {:.3}s after the earliest start); nothing exported",
                 w.from as f64 / 1e9,
@@ -43,7 +43,7 @@ pub(super) fn past_the_end(out: &Path, w: Window, last_t: Option<u64>, exported:
 pub const CHROME_WARN_BYTES: u64 = 200 << 20;
 
 fn create(path: &Path) -> Result<BufWriter<File>, String> {
-    File::create(path).map(|f| BufWriter::with_capacity(1 << 20, f)).map_err(|e| format!("{}: cannot create: {e}", path.display()))
+    super::output::create(path).map(|f| BufWriter::with_capacity(1 << 20, f))
 }
 
 fn ts(t: u64) -> String {
@@ -132,7 +132,7 @@ pub fn chrome(paths: &[PathBuf], out: &Path, w: Window) -> Result<(), String> {
     m.warn_input();
     drop(f);
     past_the_end(out, w, end_t, first_t.is_some())?;
-    eprintln!("vramcap: wrote {} ({counters} counter events, {})", out.display(), human(bytes));
+    eprintln!("vramcap: wrote {} ({counters} counter events, {})", super::output::shown(out), human(bytes));
     if bytes > CHROME_WARN_BYTES {
         let start = first_t.unwrap_or(0);
         let span = last_t.saturating_sub(start).max(1);
@@ -199,6 +199,6 @@ pub fn csv(paths: &[PathBuf], out: &Path, w: Window) -> Result<(), String> {
     m.warn_input();
     drop(f);
     past_the_end(out, w, end_t, rows > 0)?;
-    eprintln!("vramcap: wrote {} ({rows} rows)", out.display());
+    eprintln!("vramcap: wrote {} ({rows} rows)", super::output::shown(out));
     Ok(())
 }

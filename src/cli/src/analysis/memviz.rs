@@ -96,7 +96,12 @@ pub fn export(paths: &[PathBuf], out: &Path, w: Window) -> Result<(), String> {
             let k = match slots.iter().position(|s| s.proc_idx == i && s.dev == e.dev) {
                 Some(k) => k,
                 None => {
-                    let part = PathBuf::from(format!("{}.part{}", out.display(), slots.len()));
+                    // Beside the output; for standard output, in the temporary directory.
+                    let part = if super::output::is_stdout(out) {
+                        std::env::temp_dir().join(format!("vramcap-memviz-{}.part{}", std::process::id(), slots.len()))
+                    } else {
+                        PathBuf::from(format!("{}.part{}", out.display(), slots.len()))
+                    };
                     let f = File::create(&part).map_err(|e| format!("{}: cannot create: {e}", part.display()))?;
                     let mut p = Pickler::new(BufWriter::new(f));
                     p.mark().map_err(io_err)?;
@@ -167,7 +172,7 @@ fn assemble(m: &Merged, slots: &mut [Slot], single: bool, out: &Path) -> Result<
     let single = single && slots.iter().all(|s| (0..MAX_ORDINAL).contains(&s.dev));
     let index_of = |k: usize, s: &Slot| if single { s.dev as usize } else { k };
     let n = slots.iter().enumerate().map(|(k, s)| index_of(k, s) + 1).max().unwrap_or(0);
-    let f = File::create(out).map_err(|e| format!("{}: cannot create: {e}", out.display()))?;
+    let f = super::output::create(out)?;
     let mut p = Pickler::new(BufWriter::with_capacity(1 << 20, f));
     p.proto().map_err(io_err)?;
     p.empty_dict().map_err(io_err)?;
@@ -205,7 +210,7 @@ fn assemble(m: &Merged, slots: &mut [Slot], single: bool, out: &Path) -> Result<
             eprintln!("  {k}: pid {} ({}) GPU {}", h.pid, h.exe, s.dev);
         }
     }
-    eprintln!("vramcap: wrote {}", out.display());
+    eprintln!("vramcap: wrote {}", super::output::shown(out));
     Ok(())
 }
 

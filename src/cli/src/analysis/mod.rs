@@ -5,6 +5,7 @@
 pub mod export;
 pub mod memviz;
 pub mod merge;
+pub mod output;
 pub mod pickle;
 pub mod plot;
 pub mod policy;

@@ -135,20 +135,28 @@ pub fn plot(paths: &[PathBuf], out: &Path) -> Result<(), String> {
             g.series[k].used = exit;
         }
     }
-    draw(&m, &g, last_t, out).map_err(|e| format!("{}: cannot draw: {e}", out.display()))?;
+    // Drawn into memory, then written: a failure to write names the output and the OS's reason
+    // (plotters' own "Drawing backend error: Is a directory" said neither what nor where).
+    let mut svg = String::new();
+    draw(&m, &g, last_t, &mut svg).map_err(|e| format!("cannot draw the plot: {e}"))?;
+    {
+        use std::io::Write as _;
+        let mut f = super::output::create(out).map_err(|e| format!("cannot write the plot: {e}"))?;
+        f.write_all(svg.as_bytes()).and_then(|_| f.flush()).map_err(|e| format!("cannot write the plot: {}: {e}", super::output::shown(out)))?;
+    }
     if g.dropped_marks > 0 {
         eprintln!("vramcap: {} more denials not marked (the plot marks the first {MAX_MARKS})", g.dropped_marks);
     }
-    eprintln!("vramcap: wrote {}", out.display());
+    eprintln!("vramcap: wrote {}", super::output::shown(out));
     Ok(())
 }
 
-fn draw(m: &Merged, g: &Grid, last_t: u64, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
+fn draw(m: &Merged, g: &Grid, last_t: u64, out: &mut String) -> Result<(), Box<dyn std::error::Error>> {
     let mut devs: Vec<i32> = g.series.iter().map(|s| s.dev).collect();
     devs.sort();
     devs.dedup();
     let panels = devs.len().max(1);
-    let root = SVGBackend::new(out, (1200, 60 + 340 * panels as u32)).into_drawing_area();
+    let root = SVGBackend::with_string(out, (1200, 60 + 340 * panels as u32)).into_drawing_area();
     root.fill(&WHITE)?;
     let title = if m.readers.len() == 1 {
         let h = &m.readers[0].header;

@@ -13,7 +13,8 @@
 //! - a denied allocation is still applied (the job held that memory in its trace: what it would
 //!   have done after a denial is unknowable), with no rule (`charge_unchecked`);
 //! - a denial recorded in a trace is judged as a request too, and counted apart: whether the
-//!   replay, like the recorded run, refuses it.
+//!   replay, like the recorded run, refuses it; refused, it is a denial of the replay (demand the
+//!   job had), never charged.
 
 use super::stats::next_used;
 use super::trace::{Event, Op};
@@ -103,6 +104,8 @@ pub struct Denial {
     /// The call (interned name); `None` for a reserve refused at start.
     pub api: Option<u16>,
     pub rule: Rule,
+    /// A request the recorded run was refused (a `deny` event) that the replay refuses too.
+    pub recorded: bool,
 }
 
 /// One device as the group sees it: its budget and headroom (0: none) and each member's reserve.
@@ -194,7 +197,7 @@ impl Sim {
         running.sort_unstable();
         let refused: Vec<usize> = running.into_iter().filter(|&(_, i, j)| cfg.reserve[i] > 0 && s.claim_reserve(j, e, cfg.reserve[i]).is_err()).map(|(_, i, _)| i).collect();
         for i in refused {
-            self.refuse(i, Denial { t, dev: cfg.index, size: cfg.reserve[i], api: None, rule: Rule::ReserveAtStart });
+            self.refuse(i, Denial { t, dev: cfg.index, size: cfg.reserve[i], api: None, rule: Rule::ReserveAtStart, recorded: false });
         }
         self.used.push(vec![0; self.slot.len()]);
         self.devs.push(cfg);
@@ -214,7 +217,7 @@ impl Sim {
             Ok(j) => j,
             Err(Refused::Reserve { d, bytes, .. }) => {
                 let dev = self.devs[d].index;
-                self.refuse(i, Denial { t, dev, size: bytes, api: None, rule: Rule::ReserveAtStart });
+                self.refuse(i, Denial { t, dev, size: bytes, api: None, rule: Rule::ReserveAtStart, recorded: false });
                 req.reserve = &[];
                 self.ledger.join(slot, &self.entries, &req, &none).unwrap_or_default()
             }
@@ -257,9 +260,12 @@ impl Sim {
         let entry = self.entries[k];
         if e.op == Op::Deny {
             // The recorded run refused this request: would the replay?
+            // Refused here too, it is a denial of the replay: the job asked for this much more at
+            // that moment (its usage + the size), so a limit it was denied at does not "fit".
             self.recorded_denials[i] += 1;
-            if self.ledger.probe(slot, entry, e.size).is_ok() {
-                self.recorded_granted[i] += 1;
+            match self.ledger.probe(slot, entry, e.size) {
+                Ok(()) => self.recorded_granted[i] += 1,
+                Err(over) => self.deny(i, Denial { t, dev: e.dev, size: e.size, api: Some(e.api), rule: Rule::of(over.rule), recorded: true }),
             }
             return;
         }
@@ -292,7 +298,7 @@ impl Sim {
                 }
             }
             Err(over) => {
-                self.deny(i, Denial { t, dev: e.dev, size, api: Some(e.api), rule: Rule::of(over.rule) });
+                self.deny(i, Denial { t, dev: e.dev, size, api: Some(e.api), rule: Rule::of(over.rule), recorded: false });
                 self.ledger.charge_unchecked(slot, entry, size);
             }
         }

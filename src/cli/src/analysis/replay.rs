@@ -31,6 +31,15 @@ struct Dev {
     usage: Combined,
     /// Per process: its charge on this device.
     used: Vec<u64>,
+    /// The most a recorded denial asked the device to hold: everyone's charge then + its size.
+    demand: u64,
+}
+
+impl Dev {
+    /// The smallest limit at which the recorded workload fits, recorded denials included.
+    fn need(&self) -> u64 {
+        self.usage.peak.max(self.demand)
+    }
 }
 
 /// Where a trace's memory leaves the replay.
@@ -168,11 +177,14 @@ pub fn run(o: &Opts) -> Result<bool, String> {
                 Some(k) => k,
                 None => {
                     let limit = device_limit(&m, &limit, e.dev)?;
-                    devs.push(Dev { index: e.dev, limit, usage: Combined { index: e.dev, ..Default::default() }, used: vec![0; m.readers.len()] });
+                    devs.push(Dev { index: e.dev, limit, usage: Combined { index: e.dev, ..Default::default() }, used: vec![0; m.readers.len()], demand: 0 });
                     devs.len() - 1
                 }
             };
             let d = &mut devs[k];
+            if e.op == Op::Deny {
+                d.demand = d.demand.max(d.used.iter().sum::<u64>().saturating_add(e.size));
+            }
             let used = next_used(d.used[i], &e);
             d.used[i] = used;
             d.usage.set(i, used, t);
@@ -205,6 +217,7 @@ pub fn run(o: &Opts) -> Result<bool, String> {
     let who = |i: usize| format!("pid {} ({})", m.readers[i].header.pid, m.readers[i].path.display());
     // "cuMemAlloc_v2 of 1.0 GiB", or "a reserve of 2.0 GiB".
     let what = |x: &Denial| match x.api {
+        Some(api) if x.recorded => format!("{} of {}, a denial recorded in the trace at that moment", m.names.get(api), human(x.size)),
         Some(api) => format!("{} of {}", m.names.get(api), human(x.size)),
         None => format!("a reserve of {}", human(x.size)),
     };
@@ -212,7 +225,7 @@ pub fn run(o: &Opts) -> Result<bool, String> {
         let map = |f: &dyn Fn(&Dev) -> Value| devs.iter().map(|d| (d.index.to_string(), f(d))).collect::<Map<String, Value>>();
         let den = |i: usize, x: &Denial| {
             json!({"t_ns": x.t, "pid": m.readers[i].header.pid, "file": m.readers[i].path, "api": x.api.map(|a| m.names.get(a)),
-                   "size": x.size, "device": x.dev, "rule": x.rule.key(), "reason": x.rule.text()})
+                   "size": x.size, "device": x.dev, "rule": x.rule.key(), "reason": x.rule.text(), "recorded": x.recorded})
         };
         let per_dev = |f: &dyn Fn(&DevCfg) -> u64| sim.devices().map(|d| (d.index.to_string(), json!(f(d)))).collect::<Map<String, Value>>();
         let traces: Vec<Value> = m
@@ -243,7 +256,7 @@ pub fn run(o: &Opts) -> Result<bool, String> {
             "peak_t_ns": map(&|d| json!(d.usage.peak_t)),
             "first_denial_t_ns": sim.first_overall.map(|f| f.1.t),
             "first_denial": sim.first_overall.map(|(i, x)| den(i, &x)),
-            "min_limit": map(&|d| json!(d.usage.peak)),
+            "min_limit": map(&|d| json!(d.need())),
             "limit": map(&|d| if d.limit > 0 { json!(d.limit) } else { Value::Null }),
             "headroom": per_dev(&|d| d.headroom),
             "denials": sim.total,
@@ -267,8 +280,9 @@ pub fn run(o: &Opts) -> Result<bool, String> {
     }
     for d in &devs {
         let cap = if d.limit > 0 { human(d.limit) } else { "no limit".into() };
-        let verdict = if d.limit == 0 || d.usage.peak <= d.limit { "fits" } else { "does NOT fit" };
-        println!("device {}: combined peak {} at +{} against {cap}: {verdict}", d.index, human(d.usage.peak), secs(d.usage.peak_t));
+        let verdict = if d.limit == 0 || d.need() <= d.limit { "fits" } else { "does NOT fit" };
+        let asked = if d.demand > d.usage.peak { format!(" (a recorded denial asked for {} = {} bytes in all)", human(d.demand), d.demand) } else { String::new() };
+        println!("device {}: combined peak {} at +{}{asked} against {cap}: {verdict}", d.index, human(d.usage.peak), secs(d.usage.peak_t));
     }
     let policy = o.policy.name();
     match sim.first_overall {
@@ -284,10 +298,20 @@ pub fn run(o: &Opts) -> Result<bool, String> {
             sim.total,
         ),
     }
-    let need: Vec<String> = devs.iter().map(|d| format!("device {}: {}", d.index, human(d.usage.peak))).collect();
-    println!("smallest limit at which they fit: {}", need.join(", "));
+    let need: Vec<String> = devs
+        .iter()
+        .map(|d| if d.demand > d.usage.peak { format!("device {}: {} ({} bytes)", d.index, human(d.need()), d.need()) } else { format!("device {}: {}", d.index, human(d.need())) })
+        .collect();
+    if need.is_empty() {
+        // A header-only trace (a process killed before its first allocation).
+        println!("smallest limit at which they fit: any (the traces hold no device memory event)");
+    } else {
+        println!("smallest limit at which they fit: {}", need.join(", "));
+    }
     if denied_in_trace > 0 {
-        println!("note: the traces themselves contain {denied_in_trace} denial(s); those requests were never charged and are not replayed");
+        println!(
+            "note: the traces themselves contain {denied_in_trace} denial(s); each is replayed as the request it was (never charged), and one the replay refuses too is a denial here"
+        );
     }
     print!("{}", policy_text(o, sim, &sims, &who, &what));
     Ok(fits)

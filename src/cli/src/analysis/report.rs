@@ -158,7 +158,9 @@ pub fn to_json(r: &Report) -> Value {
                     json!({
                         "index": d.index, "peak": d.peak, "peak_t_ns": d.peak_t_ns,
                         "peak_unix_ns": h.start_unix_ns + d.peak_t_ns,
-                        "leaked_bytes": d.leaked_bytes(), "leaked_count": d.live.len(),
+                        // Never above what the process said it held at exit: with events dropped
+                        // the traced list can keep allocations whose frees were lost.
+                        "leaked_bytes": held_at_exit.map_or(d.leaked_bytes(), |h| d.leaked_bytes().min(h)), "leaked_count": d.live.len(),
                         "denied": d.denied, "failed": d.failed, "allocs": d.allocs, "frees": d.frees,
                         "other_events": d.other, "unmatched_frees": d.unmatched_frees,
                         "allocated_bytes": d.alloc_bytes, "used_at_end": d.used,
@@ -231,7 +233,19 @@ pub fn to_text(r: &Report) -> String {
             if let Some(held) = held_at_exit {
                 let _ = writeln!(o, "    held at exit    {} (the process's own count, from its summary)", human(held));
             }
-            let _ = writeln!(o, "    held at end     {} in {} allocation(s) traced", human(d.leaked_bytes()), d.live.len());
+            if rd.summary.is_none() && d.leaked_bytes() > 0 {
+                // No summary: the process ended without exit() (killed: Ctrl-C, SIGKILL, OOM
+                // killer), or still runs. What a killed process held is no leak: the driver
+                // frees it when the process goes.
+                let _ = writeln!(
+                    o,
+                    "    held when it was killed (freed by the driver at exit)  {} in {} allocation(s) traced (the trace has no exit summary: killed, or still running)",
+                    human(d.leaked_bytes()),
+                    d.live.len()
+                );
+            } else {
+                let _ = writeln!(o, "    held at end     {} in {} allocation(s) traced", human(d.leaked_bytes()), d.live.len());
+            }
             if dropped > 0 {
                 let _ = writeln!(o, "      incomplete: {dropped} event(s) were dropped, so this list may miss frees and allocations (trust the line above; VRAMCAP_TRACE_MODE=lossless keeps every event)");
             }

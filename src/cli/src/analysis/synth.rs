@@ -1,7 +1,6 @@
 //! `vramcap gen-trace` (hidden): writes a synthetic, internally consistent trace for benchmarks
 //! and tests — random sizes (log-uniform), random frees, denials at the cap, rare driver failures.
 
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
@@ -30,7 +29,7 @@ impl Rng {
 }
 
 pub fn generate(path: &Path, o: &GenOpts) -> Result<(), String> {
-    let f = File::create(path).map_err(|e| format!("{}: cannot create: {e}", path.display()))?;
+    let f = super::output::create(path)?;
     let mut w = BufWriter::with_capacity(1 << 20, f);
     let io = |e: std::io::Error| format!("{}: write error: {e}", path.display());
     let devs: Vec<String> = (0..o.devices).map(|d| format!(r#"{{"index":{d},"total":{},"limit":{}}}"#, o.total, o.limit)).collect();

@@ -30,7 +30,7 @@ fn source_root(dir: &Path) -> Option<PathBuf> {
 
 /// The directory with the fake driver and the job: built from the source tree when there is one
 /// (make is a no-op when up to date), else what scripts/install.sh put in PREFIX/share/vramcap.
-fn fake_driver_dir() -> Result<PathBuf, String> {
+pub(super) fn fake_driver_dir() -> Result<PathBuf, String> {
     let dir = exe_dir()?;
     let installed = dir.join("../share/vramcap/demo");
     let root = source_root(&dir);
@@ -72,7 +72,9 @@ pub fn main(a: DemoArgs) -> Result<(), String> {
     let shown = a.out.display();
     println!("fake GPU: 1 device, 16 GiB ({}; device memory simulated on the host)", fake.join(FAKE_LIB).display());
     println!("the job:  a training loop reaching the driver the way the CUDA runtime does (cuGetProcAddress_v2)");
-    println!("running:  vramcap run --limit {CAP} --trace {shown}/trace.jsonl -- {JOB}\n");
+    // Runnable as printed: this binary, and the bundled fake GPU under the job (`--fake-gpu`).
+    let me = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "vramcap".into());
+    println!("running:  {me} run --fake-gpu 16GiB --limit {CAP} --trace {shown}/trace.jsonl -- {}\n", fake.join(JOB).display());
 
     let mut cmd = Command::new(fake.join(JOB));
     clear_vramcap_env(&mut cmd);

@@ -35,13 +35,19 @@ pub struct RunArgs {
     /// used without --trace).
     #[arg(long)]
     pub report: bool,
-    /// The command and its arguments (after `--`).
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    /// Run the job on the bundled fake GPU (one device of SIZE, simulated on host memory; the
+    /// driver `vramcap demo` uses) instead of the real driver: try limits, traces, the sidecar
+    /// and `top` on a machine without a GPU.
+    #[arg(long, value_name = "SIZE")]
+    pub fake_gpu: Option<String>,
+    /// The command and its arguments (after `--`). Not `allow_hyphen_values`: a mistyped flag
+    /// before `--` (`--limti 4g`) must be an error with clap's suggestion, not the command.
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
 
 const USAGE: &str = "vramcap run [--limit SPEC] [--group NAME --group-limit SPEC] [--trace PATH] \
-                     [--sidecar PATH] [--report] -- CMD ARGS...";
+                     [--sidecar PATH] [--report] [--fake-gpu SIZE] -- CMD ARGS...";
 
 /// Bad usage: exit 2 with the message. Never returns.
 fn usage_error(msg: String) -> ! {
@@ -203,6 +209,28 @@ fn install_forwarding() {
     }
 }
 
+/// `--fake-gpu SIZE`: the bundled fake driver first on the loader path (and as the driver our
+/// library opens, even where a real one is installed), with one device of SIZE.
+fn fake_gpu(cmd: &mut Command, size: &str) -> Result<(), String> {
+    use vramcap_common::grammar::size::{Size, parse_size};
+    let bytes = match parse_size(size) {
+        Ok(Size::Bytes(b)) => b,
+        Ok(_) => return Err(format!("--fake-gpu {size:?}: expected the device's size in bytes, such as 16GiB (not 0 or a percentage)")),
+        Err(e) => return Err(format!("--fake-gpu {size:?}: {e}; expected the device's size, such as 16GiB")),
+    };
+    let dir = super::demo::fake_driver_dir()?;
+    let mut path = dir.clone().into_os_string();
+    if let Some(p) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(p);
+    }
+    cmd.env("LD_LIBRARY_PATH", path)
+        .env("VRAMCAP_REAL_LIBCUDA", dir.join("libcuda.so.1"))
+        .env("FAKECUDA_DEVICE_COUNT", "1")
+        .env("FAKECUDA_MEM", bytes.to_string());
+    Ok(())
+}
+
 pub fn main(a: RunArgs) -> Result<(), String> {
     let Some((prog, args)) = a.command.split_first() else {
         usage_error(format!("no command given; expected {USAGE}"));
@@ -237,6 +265,9 @@ pub fn main(a: RunArgs) -> Result<(), String> {
 
     let mut cmd = Command::new(prog);
     cmd.args(args);
+    if let Some(size) = &a.fake_gpu {
+        fake_gpu(&mut cmd, size).unwrap_or_else(|e| usage_error(e));
+    }
     cmd.env("LD_PRELOAD", prepend_preload(&lib, std::env::var_os("LD_PRELOAD").as_deref()));
     for (k, v) in &vars {
         cmd.env(k, v);

@@ -66,6 +66,11 @@ pub fn parse_size(input: &str) -> Result<Size, SizeError> {
         "m" | "mi" | "mb" | "mib" => 20,
         "g" | "gi" | "gb" | "gib" => 30,
         "t" | "ti" | "tb" | "tib" => 40,
+        // `1,5g` is a decimal comma (a locale's way of writing 1.5): say so, not just "unit".
+        _ if unit.starts_with(',') && unit[1..].starts_with(|c: char| c.is_ascii_digit()) => {
+            let fixed = s.replacen(',', ".", 1);
+            return Err(SizeError(format!("unknown unit `{unit}`: the decimal point is `.`, as in {fixed}")));
+        }
         _ => return Err(SizeError(format!("unknown unit `{unit}`"))),
     };
     let bytes = if num.contains('.') {
@@ -80,6 +85,14 @@ pub fn parse_size(input: &str) -> Result<Size, SizeError> {
         // Rounding down to 0 would turn a (tiny) limit into "no limit" (found by fuzzing).
         if v > 0.0 && b < 1.0 {
             return Err(SizeError(format!("`{s}` is less than one byte (use 0 for no limit)")));
+        }
+        // A unit suffix that comes out below one KiB (`0.0000001g` = 107 bytes) is a slip of the
+        // decimal point, as a bare `8` is a missing unit: it would deny every allocation.
+        if v > 0.0 && b < 1024.0 {
+            return Err(SizeError(format!(
+                "`{s}` is only {} bytes: it would deny every allocation; check the decimal point (or write {}b if you mean bytes)",
+                b as u64, b as u64
+            )));
         }
         b as u64
     } else {
@@ -151,7 +164,8 @@ mod tests {
     #[test]
     fn rejects_what_is_not_a_size() {
         for s in ["", "abc", "1.5x", "-1", "-4g", "g", "8q", "1.5", "1..5g", ".5g", "5.g", "0%", "150%",
-            "99999999999999999999", "20000000t", "8 g b", "%", "00.0001KiB", "0.5b"]
+            "99999999999999999999", "20000000t", "8 g b", "%", "00.0001KiB", "0.5b",
+            "0.0000001g", "0.5k", "0.9KiB", "0.0000009m"]
         {
             assert!(parse_size(s).is_err(), "accepted {s:?}");
         }
@@ -164,6 +178,12 @@ mod tests {
             assert!(e.contains("has no unit") && e.contains("GiB") && e.contains('%'), "{s}: {e}");
         }
         assert_eq!(parse_size("8b"), Ok(Size::Bytes(8)));
+        assert_eq!(parse_size("1k"), Ok(Size::Bytes(1024)));
+        assert_eq!(parse_size("1.0k"), Ok(Size::Bytes(1024)));
+        let e = parse_size("0.0000001g").unwrap_err().0;
+        assert!(e.contains("107 bytes") && e.contains("decimal point"), "{e}");
+        let e = parse_size("1,5g").unwrap_err().0;
+        assert!(e.contains("decimal point") && e.contains("1.5g"), "{e}");
         assert_eq!(parse_size("8B"), Ok(Size::Bytes(8)));
         assert_eq!(parse_size("0"), Ok(Size::Unlimited));
     }
