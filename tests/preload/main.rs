@@ -2,6 +2,7 @@
 
 mod bindings;
 mod ceiling;
+mod ceiling_live;
 mod config_loud;
 mod dependencies;
 mod dlsym;

@@ -20,6 +20,7 @@ pub mod dl;
 pub mod hooks;
 pub mod intercept;
 // 2. Bookkeeping.
+pub mod ceiling_watch;
 pub mod denials;
 pub mod events;
 pub mod group;

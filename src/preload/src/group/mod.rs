@@ -198,6 +198,24 @@ fn say_member_limit(name: &str, what: &[(u64, budget::MemberLimit)]) {
     }
 }
 
+/// Writes this member's group limits into the ledger again (the ceiling file that bounds them
+/// changed), as a joining member does: an operator's budget stays.
+pub fn rewrite_limits(limits: &[u64]) {
+    let Some(s) = shared() else { return };
+    let uid = unsafe { libc::getuid() };
+    for (d, &want) in limits.iter().enumerate() {
+        if let Some(e) = entry(d) {
+            s.member_limit(e, want, uid);
+        }
+    }
+}
+
+/// Sets this member's ceiling on device `dev` (0 = none; the ceiling file changed); returns the
+/// previous one.
+pub fn set_ceiling(dev: usize, bytes: u64) -> u64 {
+    CEILING.get(dev).map_or(0, |c| c.swap(bytes, SeqCst))
+}
+
 /// The ceiling file's group limit per device (0 = none): see [`attach`].
 static CEILING: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 

@@ -103,6 +103,9 @@ fn apply(cfg: &config::Config, devices: &[DeviceInfo]) -> Result<(), String> {
             log_at!(Level::Info, "device {d}: limit {} of {}", human(l), human(devices[d].total));
         }
     }
+    if cfg.ceiling.is_some() {
+        crate::ceiling_watch::start(devices);
+    }
     if let Some(g) = &cfg.group {
         let mut glimits = if g.limits.is_empty() { None } else { Some(g.limits.resolve(devices).map_err(|e| e.to_string())?) };
         let mut gceiling = None;
