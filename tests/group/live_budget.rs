@@ -39,16 +39,19 @@ fn ledger_limit(dir: &Path, name: &str) -> u64 {
 #[test]
 fn a_shrink_below_use_refuses_new_memory_and_a_grow_lets_it_through() {
     let dir = private_group_dir();
-    let mut a = member(&dir, "live", Some("1g")).args(["init ctx 0 alloc 512m sleep 60000"]).spawn();
+    let trace = dir.join("a.jsonl");
+    let mut a = member(&dir, "live", Some("1g")).env("VRAMCAP_TRACE", &trace).args(["init ctx 0 alloc 512m sleep 7000"]).spawn();
     assert_eq!(a.wait_for("alloc").rc(), 0);
     let (ok, out) = limit(&dir, "live", Some("256m"));
     assert!(ok, "{out}");
     assert!(out.contains("limit 1.0 GiB -> 256.0 MiB") && out.contains("nothing is taken away"), "{out}");
     // B joins with its own (larger) VRAMCAP_GROUP_LIMIT: the operator's budget stands.
-    let mut b = member(&dir, "live", Some("4g")).args(["init ctx 0 info alloc 64m sleep 1500 alloc 64m"]).spawn();
+    let mut b = member(&dir, "live", Some("4g")).args(["init ctx 0 info alloc 64m sleep 2500 alloc 64m"]).spawn();
     let info = b.wait_for("info");
     assert_eq!((info.num("total"), info.num("free")), (256 * MIB, 0), "the new total, nothing free");
     assert_eq!(b.wait_for("alloc").rc(), 2, "refused while the group holds more than the new budget");
+    // Members look at the group's budget every 250 ms for their traces: let A see this one.
+    std::thread::sleep(Duration::from_millis(700));
     let (ok, out) = limit(&dir, "live", Some("2g"));
     assert!(ok, "{out}");
     assert_eq!(b.wait_for("alloc").rc(), 0, "the grow lets the refused work through");
@@ -59,7 +62,21 @@ fn a_shrink_below_use_refuses_new_memory_and_a_grow_lets_it_through() {
     assert!(shown.contains("limit 2.0 GiB (set with `vramcap limit` by uid"), "{shown}");
     assert!(shown.contains("used 512.0 MiB"), "{shown}");
     assert_eq!(ledger_limit(&dir, "live"), 2 * GIB);
-    a.sigkill();
+    // A's trace has both changes as `limit` events, and the report lists them.
+    assert!(a.finish().success());
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let limits: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["op"] == "limit" && v["dev"] == 0)
+        .collect();
+    assert_eq!(limits.len(), 2, "{text}");
+    assert_eq!((limits[0]["old"].as_u64(), limits[0]["new"].as_u64()), (Some(GIB), Some(256 * MIB)), "{}", limits[0]);
+    assert_eq!((limits[1]["old"].as_u64(), limits[1]["new"].as_u64()), (Some(256 * MIB), Some(2 * GIB)), "{}", limits[1]);
+    assert_eq!((limits[0]["source"].as_str(), limits[0]["uid"].as_u64()), (Some("group"), Some(unsafe { libc::geteuid() } as u64)));
+    let o = Command::new(vramcap_bin()).arg("report").arg(&trace).output().unwrap();
+    let report = String::from_utf8_lossy(&o.stdout);
+    assert!(report.contains("limit changes   2") && report.contains("1.0 GiB -> 256.0 MiB  by group (uid"), "{report}");
 }
 
 #[test]

@@ -51,7 +51,8 @@ fn an_edited_ceiling_applies_within_a_second_and_a_bad_or_removed_one_keeps_the_
         "init ctx 0 alloc 200m sleep {s} alloc 100m sleep {s} alloc 100m sleep {s} alloc 16m info sleep {s} alloc 16m",
         s = SETTLE_MS
     );
-    let mut r = with_live_etc(&t, "VRAMCAP_LIMIT=256m\n", &client("client_linked")).args([ops]).spawn();
+    let trace = t.join("job.jsonl");
+    let mut r = with_live_etc(&t, "VRAMCAP_LIMIT=256m\n", &client("client_linked")).env("VRAMCAP_TRACE", &trace).args([ops]).spawn();
     assert_eq!(r.wait_for("alloc").rc(), 0);
     write_limits(&t, "VRAMCAP_LIMIT=512m\n");
     assert_eq!(r.wait_for("alloc").rc(), 0, "the grown ceiling lets 300 MiB through");
@@ -67,6 +68,15 @@ fn an_edited_ceiling_applies_within_a_second_and_a_bad_or_removed_one_keeps_the_
     assert!(err.contains("limit 256.0 MiB -> 512.0 MiB (/etc/vramcap/limits changed)"), "{err}");
     assert_eq!(err.matches("keeping the last valid ceiling").count(), 1, "said once: {err}");
     assert!(err.contains("was removed: keeping the last ceiling"), "{err}");
+    // Each change is a `limit` event in the trace: 256 → 512 → 128 MiB, by the ceiling file.
+    let changes: Vec<(u64, u64, String)> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["op"] == "limit" && v["dev"] == 0)
+        .map(|v| (v["old"].as_u64().unwrap(), v["new"].as_u64().unwrap(), v["source"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(changes, vec![(256 * MIB, 512 * MIB, "ceiling".into()), (512 * MIB, 128 * MIB, "ceiling".into())]);
 }
 
 #[test]

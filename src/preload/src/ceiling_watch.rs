@@ -1,8 +1,8 @@
 //! The machine's ceiling file, re-read while the process runs (issue 26): an edit of
 //! `/etc/vramcap/limits` takes effect within about a second, off the allocation path.
 //!
-//! A thread of ours (`vramcap-ceiling`, started once the limits are resolved, only where a
-//! ceiling file was in force at start) looks at the file's identity every [`EVERY`] with one
+//! A thread of ours (`vramcap-ceiling`, started once the limits are resolved where a ceiling
+//! file was in force at start, or in a group member, whose group's budget it watches too) looks at the file's identity every [`EVERY`] with one
 //! `stat`; only when it changed is the file read, checked as at start (root's, writable only by
 //! root) and merged with the environment the process started with. The new per-device limits are
 //! published with one atomic store each; allocations re-read the limit after their
@@ -24,12 +24,14 @@ pub const EVERY: Duration = Duration::from_millis(250);
 
 static DEVICES: OnceLock<Vec<DeviceInfo>> = OnceLock::new();
 
-/// Starts the watcher once (the first resolver wins; racing ones find it started).
-pub fn start(devices: &[DeviceInfo]) {
+/// Starts the watcher once (the first resolver wins; racing ones find it started). `file`:
+/// a ceiling file was in force at start (watch it); group members are watched for changes of
+/// their group's budget either way (a `limit` event in the trace).
+pub fn start(devices: &[DeviceInfo], file: bool) {
     if DEVICES.set(devices.to_vec()).is_err() {
         return;
     }
-    let _ = std::thread::Builder::new().name("vramcap-ceiling".into()).stack_size(128 * 1024).spawn(watch);
+    let _ = std::thread::Builder::new().name("vramcap-ceiling".into()).stack_size(128 * 1024).spawn(move || watch(file));
 }
 
 /// What tells an edited file from the one read last: inode, size, change and modification time.
@@ -42,7 +44,7 @@ fn identity(path: &str) -> Option<[i64; 6]> {
     })
 }
 
-fn watch() {
+fn watch(file: bool) {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut set);
@@ -50,8 +52,16 @@ fn watch() {
     }
     let mut last = identity(ceiling::PATH);
     let mut said: Option<String> = None;
+    let mut group_seen = [u64::MAX; ledger::MAX_DEVICES];
     loop {
+        for (d, old, new, uid) in crate::group::limit_changes(&mut group_seen) {
+            let used = crate::group::view(d).map_or(0, |v| v.1);
+            crate::events::limit_changed(crate::events::API_GROUP, d, old, new, uid, used);
+        }
         std::thread::sleep(EVERY);
+        if !file {
+            continue;
+        }
         let now = identity(ceiling::PATH);
         if now == last {
             continue;
@@ -120,8 +130,9 @@ fn reread() -> Result<(), String> {
     Ok(())
 }
 
-/// A limit the ceiling file moved: one line.
+/// A limit the ceiling file moved: one line, and the `limit` event (uid 0: the file is root's).
 fn changed(dev: usize, old: u64, new: u64, what: &str) {
     let show = |b: u64| if b == 0 { "no limit".to_string() } else { human(b) };
     crate::log::write_line(&format!("vramcap: device {dev}: {what} {} -> {} ({} changed)", show(old), show(new), ceiling::PATH));
+    crate::events::limit_changed(crate::events::API_CEILING, dev, old, new, 0, ledger::used(dev));
 }

@@ -198,6 +198,24 @@ fn say_member_limit(name: &str, what: &[(u64, budget::MemberLimit)]) {
     }
 }
 
+/// Devices whose group limit changed since the last look, as (device, old, new, uid that set
+/// it); `seen` holds the last limits looked at (`u64::MAX`: not looked at yet, nothing reported).
+pub fn limit_changes(seen: &mut [u64]) -> Vec<(usize, u64, u64, u32)> {
+    let Some(s) = shared() else { return Vec::new() };
+    let mut out = Vec::new();
+    for (d, last) in seen.iter_mut().enumerate() {
+        let Some(e) = entry(d) else { continue };
+        let now = s.devices[e].limit.load(Acquire);
+        if *last != now {
+            if *last != u64::MAX {
+                out.push((d, *last, now, s.limit_setter(e).map_or(0, |b| b.uid)));
+            }
+            *last = now;
+        }
+    }
+    out
+}
+
 /// Writes this member's group limits into the ledger again (the ceiling file that bounds them
 /// changed), as a joining member does: an operator's budget stays.
 pub fn rewrite_limits(limits: &[u64]) {

@@ -103,9 +103,6 @@ fn apply(cfg: &config::Config, devices: &[DeviceInfo]) -> Result<(), String> {
             log_at!(Level::Info, "device {d}: limit {} of {}", human(l), human(devices[d].total));
         }
     }
-    if cfg.ceiling.is_some() {
-        crate::ceiling_watch::start(devices);
-    }
     if let Some(g) = &cfg.group {
         let mut glimits = if g.limits.is_empty() { None } else { Some(g.limits.resolve(devices).map_err(|e| e.to_string())?) };
         let mut gceiling = None;
@@ -120,6 +117,9 @@ fn apply(cfg: &config::Config, devices: &[DeviceInfo]) -> Result<(), String> {
         }
         crate::group::attach(g, devices, glimits.as_deref(), gceiling.as_deref())?;
         log_at!(Level::Info, "group \"{}\": joined", crate::group::name().unwrap_or(""));
+    }
+    if cfg.ceiling.is_some() || cfg.group.is_some() {
+        crate::ceiling_watch::start(devices, cfg.ceiling.is_some());
     }
     Ok(())
 }
