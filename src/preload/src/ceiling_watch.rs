@@ -12,7 +12,7 @@
 //! a valid one comes back); a removed file keeps the last ceiling: removing it is not a way out.
 //! Only the limits are live (`VRAMCAP_LIMIT*`, `VRAMCAP_GROUP_LIMIT*` as each member's bound);
 //! the group, the driver and the trace are fixed at start. The thread calls no CUDA, blocks
-//! every signal and never keeps the process alive; a forked child keeps the limits it inherited.
+//! every asynchronous signal and never keeps the process alive; a forked child keeps the limits it inherited.
 
 use crate::config::{self, ceiling, limits::DeviceInfo, size::human};
 use crate::ledger;
@@ -48,6 +48,11 @@ fn watch(file: bool) {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut set);
+        // Not the synchronous ones: a ledger truncated under us raises SIGBUS on this thread's
+        // read, which the ledger's guard handles (`group_ledger::guard`); blocked, it would kill.
+        for sig in [libc::SIGBUS, libc::SIGSEGV, libc::SIGFPE, libc::SIGILL] {
+            libc::sigdelset(&mut set, sig);
+        }
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
     let mut last = identity(ceiling::PATH);

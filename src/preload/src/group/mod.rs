@@ -202,6 +202,10 @@ fn say_member_limit(name: &str, what: &[(u64, budget::MemberLimit)]) {
 /// it); `seen` holds the last limits looked at (`u64::MAX`: not looked at yet, nothing reported).
 pub fn limit_changes(seen: &mut [u64]) -> Vec<(usize, u64, u64, u32)> {
     let Some(s) = shared() else { return Vec::new() };
+    // A truncated ledger was swapped for a refusing copy: its limits are no one's change.
+    if guard::lost() {
+        return Vec::new();
+    }
     let mut out = Vec::new();
     for (d, last) in seen.iter_mut().enumerate() {
         let Some(e) = entry(d) else { continue };
