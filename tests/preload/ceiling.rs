@@ -11,7 +11,7 @@ use std::process::Command;
 
 const OTHER_UID: u32 = 54321;
 
-fn can_overlay_etc() -> bool {
+pub(crate) fn can_overlay_etc() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| {
         if unsafe { libc::geteuid() } != 0 {
@@ -33,7 +33,7 @@ macro_rules! needs_root_ns {
 }
 
 /// A fresh directory anyone can enter (the setuid test's other user must reach its binary).
-fn scratch() -> PathBuf {
+pub(crate) fn scratch() -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let d = private_group_dir();
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -56,7 +56,7 @@ fn with_etc(t: &Path, limits: &str, mode: &str, preload: Option<&Path>, prog: &s
     Run::program(Path::new("unshare")).args(["-m", "sh", t.join("etc.sh").to_str().unwrap(), prog])
 }
 
-fn client(name: &str) -> String {
+pub(crate) fn client(name: &str) -> String {
     build_c();
     ctests_dir().join(name).display().to_string()
 }

@@ -3,6 +3,7 @@
 mod arrays;
 mod bindings;
 mod ceiling;
+mod ceiling_live;
 mod config_loud;
 mod dependencies;
 mod dlsym;

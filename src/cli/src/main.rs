@@ -149,6 +149,8 @@ enum Cmd {
     },
     /// Run a command under vramcap: sets LD_PRELOAD and the variables, forwards signals, exits with its code.
     Run(cli::run::RunArgs),
+    /// Print or change a running group's budget (members apply it at their next allocation).
+    Limit(cli::limit::LimitArgs),
     /// The whole product on the built-in fake GPU: a capped training-like job, its trace, report and plot.
     Demo(cli::demo::DemoArgs),
     /// Check this machine: library, driver, devices, limits, interception, sidecar.
@@ -317,6 +319,7 @@ fn main() {
             })
         }
         Cmd::Run(a) => cli::run::main(a),
+        Cmd::Limit(a) => cli::limit::main(a),
         Cmd::Demo(a) => cli::demo::main(a),
         Cmd::Doctor(a) => cli::doctor::main(a),
         Cmd::Cdi(a) => cdi::spec::main(a),

@@ -19,11 +19,20 @@ fn from_env() -> Config {
         panic!("VRAMCAP_TEST_PANIC=config");
     }
     let mut c = ceiling::from_env_vars(&vars);
+    // Kept for the ceiling file's re-reads (`ceiling_watch`): the environment as it was at start.
+    let _ = ENV_VARS.set(vars.clone());
     // A variable we could not read is no variable: the limit it meant would silently vanish.
     if let Some(e) = bad {
         c.error = Some(e);
     }
     c
+}
+
+static ENV_VARS: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+/// Our variables as the environment had them when the configuration was read.
+pub fn env_vars() -> &'static [(String, String)] {
+    ENV_VARS.get().map_or(&[], Vec::as_slice)
 }
 
 /// The environment's entries whose names [`group::is_ours`], read straight from `environ` as

@@ -49,6 +49,21 @@ pub struct Event {
 
 pub const NO_GROUP: u64 = u64::MAX;
 
+/// The `api` of a `limit` event (no entry point made it): the ceiling file, or the group's
+/// ledger. Outside the hook table's indices.
+pub const API_CEILING: Api = u16::MAX - 1;
+pub const API_GROUP: Api = u16::MAX - 2;
+
+/// Records a limit that changed while the process ran (`Op::Limit`, docs/trace-format.md): on
+/// device `dev`, from `old` to `new` (0 = none), by `uid`; `api` is [`API_CEILING`] or
+/// [`API_GROUP`].
+pub fn limit_changed(api: Api, dev: usize, old: u64, new: u64, uid: u32, used: u64) {
+    if enabled() {
+        let ev = Event { op: Op::Limit, api, dev: dev as i32, ptr: old, size: new, result: uid as CUresult, dur: 0, used, group_used: NO_GROUP };
+        emit(ev, crate::clock::ticks());
+    }
+}
+
 /// An event as the writer handles it: stamped with its time and thread, numbered by [`number`].
 #[derive(Clone, Copy, Debug)]
 pub struct Record {

@@ -71,7 +71,7 @@ pub fn highest_used_device() -> usize {
 /// `bytes == 0` means no limit.
 pub fn set_limit(dev: usize, bytes: u64) {
     if let Some(b) = BUDGETS.get(dev) {
-        b.limit.store(if bytes == 0 { NO_LIMIT } else { bytes }, Ordering::Release);
+        b.limit.store(if bytes == 0 { NO_LIMIT } else { bytes }, Ordering::SeqCst);
     }
 }
 
@@ -159,10 +159,20 @@ fn reserve_local(dev: usize, size: u64) -> Result<(), Denied> {
             _ => return Err(Denied { used: cur, limit, group: false, rule: crate::group::shm::Rule::Budget }),
         };
         match b.charged.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+            // The limit again after the CAS: it may shrink while we run (the ceiling file is
+            // re-read live, issue 26), and a request that read the old one must not pass the new.
+            Ok(_) if b.limit.load(Ordering::SeqCst) < next => return Err(shrank_meanwhile(b, size, next)),
             Ok(_) => return Ok(()),
             Err(actual) => cur = actual,
         }
     }
+}
+
+#[cold]
+#[inline(never)]
+fn shrank_meanwhile(b: &Budget, size: u64, next: u64) -> Denied {
+    sub_saturating(&b.charged, size);
+    Denied { used: next - size, limit: b.limit.load(Ordering::Acquire), group: false, rule: crate::group::shm::Rule::Budget }
 }
 
 /// Charges a reservation's shortfall that the driver already handed out (a pitch wider than the

@@ -11,8 +11,9 @@
 //!    [`dl`] (our `dlsym` trampoline and the driver handle we open), [`intercept`] (the wrappers).
 //! 2. **Bookkeeping**: [`ledger`] and [`livetable`] (per-device budgets, live allocations),
 //!    [`group`] (this process as a member of a group budget), [`events`] and [`trace`] (records
-//!    of every call, the writer thread, the sidecar stream), [`denials`] (the denial lines).
-//! 3. **Configuration**: [`config`] (the environment and the ceiling file, read once).
+//!    of every call, the writer thread, the sidecar stream), [`denials`] (the denial lines),
+//!    [`ceiling_watch`] (limits changed while the process runs: the ceiling file, the group's).
+//! 3. **Configuration**: [`config`] (the environment and the ceiling file, read at start).
 //! 4. **Plumbing**: [`ffi`] (driver types), [`sync`] (a fork-safe lock), [`clock`], [`log`].
 
 // 1. What calls the driver.
@@ -20,6 +21,7 @@ pub mod dl;
 pub mod hooks;
 pub mod intercept;
 // 2. Bookkeeping.
+pub mod ceiling_watch;
 pub mod denials;
 pub mod events;
 pub mod group;
@@ -43,6 +45,7 @@ mod tests {
         ("dl", 1),
         ("hooks", 1),
         ("intercept", 1),
+        ("ceiling_watch", 2),
         ("denials", 2),
         ("events", 2),
         ("group", 2),

@@ -173,6 +173,8 @@ pub fn to_json(r: &Report) -> Value {
                         "driver_ns": {"alloc": d.driver_ns[0], "free": d.driver_ns[1], "fail": d.driver_ns[2], "other": d.driver_ns[3]},
                         "largest_leaks": leaks,
                         "denials": incident_json(names, &d.denials), "failures": incident_json(names, &d.failures),
+                        "limit_changes": d.limits.iter().map(|c| json!({"t_ns": c.t_ns, "old": c.old, "new": c.new,
+                            "source": names.get(c.source), "uid": c.uid})).collect::<Vec<_>>(),
                         "size_histogram": sizes, "lifetime_histogram": lives,
                     })
                 })
@@ -258,6 +260,13 @@ pub fn to_text(r: &Report) -> String {
             let _ = writeln!(o, "    denied          {}", d.denied);
             for x in &d.denials {
                 let _ = writeln!(o, "      t={}  {} {}  while using {}", secs(x.t_ns), names.get(x.api), human(x.size), human(x.used));
+            }
+            if !d.limits.is_empty() {
+                let _ = writeln!(o, "    limit changes   {}", d.limits.len());
+                let show = |b: u64| if b == 0 { "no limit".to_string() } else { human(b) };
+                for c in &d.limits {
+                    let _ = writeln!(o, "      t={}  {} -> {}  by {} (uid {})", secs(c.t_ns), show(c.old), show(c.new), names.get(c.source), c.uid);
+                }
             }
             let _ = writeln!(o, "    driver failures {}", d.failed);
             for x in &d.failures {

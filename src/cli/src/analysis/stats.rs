@@ -28,6 +28,17 @@ pub struct Incident {
     pub used: u64,
 }
 
+/// A `limit` event: the cap moved from `old` to `new` (0 = none) at `t_ns`, by `source`
+/// (interned: `ceiling` or `group`) and `uid`.
+#[derive(Clone, Copy, Debug)]
+pub struct LimitChange {
+    pub t_ns: u64,
+    pub old: u64,
+    pub new: u64,
+    pub source: u16,
+    pub uid: i64,
+}
+
 /// Lifetime buckets: upper bounds in ns (the last bucket is open).
 pub const LIFETIME_BOUNDS: [(u64, &str); 9] = [
     (1_000, "<1us"),
@@ -64,6 +75,8 @@ pub struct DevStats {
     pub life_hist: [u64; LIFETIME_BOUNDS.len() + 1],
     pub denials: Vec<Incident>,
     pub failures: Vec<Incident>,
+    /// Limits changed while the process ran (`limit` events), in trace order.
+    pub limits: Vec<LimitChange>,
     pub live: PtrMap<Live>,
     /// Allocations whose address was handed out again before their free appeared in the file:
     /// the free may still come (written after the re-allocation, stamped before it).
@@ -89,6 +102,7 @@ impl DevStats {
             life_hist: [0; LIFETIME_BOUNDS.len() + 1],
             denials: Vec::new(),
             failures: Vec::new(),
+            limits: Vec::new(),
             live: PtrMap::default(),
             shadowed: PtrMap::default(),
         }
@@ -143,6 +157,12 @@ impl DevStats {
                     if self.failures.len() < KEEP_INCIDENTS {
                         self.failures.push(inc);
                     }
+                }
+            }
+            Op::Limit => {
+                // Bounded like incidents: a trace cannot make the report hold millions.
+                if self.limits.len() < KEEP_INCIDENTS * 10 {
+                    self.limits.push(LimitChange { t_ns: e.t_ns, old: e.ptr, new: e.size, source: e.api, uid: e.result });
                 }
             }
             Op::Map | Op::Unmap | Op::Reserve | Op::HostAlloc | Op::HostFree | Op::IpcOpen | Op::Other => {

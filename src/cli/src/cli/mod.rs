@@ -6,6 +6,7 @@
 
 pub mod demo;
 pub mod doctor;
+pub mod limit;
 pub mod probe;
 pub mod run;
 pub mod traces;

@@ -53,16 +53,22 @@ const SQUAT_FIX: &str = "another user may have made it to block or take over the
 /// a symbolic link and takes only a regular file. Any owner: the sidecar (root) uses this on
 /// every user's ledgers; a member uses [`open_member`].
 pub fn open_existing(p: &Path) -> Result<Option<Mapping>, String> {
+    open_checked(p, false).map(|m| m.map(|(m, _)| m))
+}
+
+/// [`open_existing`], with the uid that owns the file as opened (the file mapped, not a path
+/// looked up again): `vramcap limit` lets only that uid, or root, change the budget.
+pub fn open_with_owner(p: &Path) -> Result<Option<(Mapping, u32)>, String> {
     open_checked(p, false)
 }
 
 /// [`open_existing`] for a member, which also refuses a ledger another user could have made or
 /// can rewrite (see [`check_owner`]).
 pub fn open_member(p: &Path) -> Result<Option<Mapping>, String> {
-    open_checked(p, true)
+    open_checked(p, true).map(|m| m.map(|(m, _)| m))
 }
 
-fn open_checked(p: &Path, member: bool) -> Result<Option<Mapping>, String> {
+fn open_checked(p: &Path, member: bool) -> Result<Option<(Mapping, u32)>, String> {
     let fd = unsafe { libc::open(cstr(p).as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK) };
     if fd < 0 {
         return match std::io::Error::last_os_error().raw_os_error() {
@@ -99,7 +105,7 @@ fn open_checked(p: &Path, member: bool) -> Result<Option<Mapping>, String> {
         m.unmap();
         return Err(format!("group ledger {}: {e}", p.display()));
     }
-    Ok(Some(m))
+    Ok(Some((m, st.st_uid)))
 }
 
 /// A member trusts a ledger that is not writable by every user and is its own or root's; or,

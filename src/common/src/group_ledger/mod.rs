@@ -7,6 +7,7 @@
 //! - [`shm`]: the layout, member slots (claim, reclaim exactly once), device entries.
 //! - [`admit`]: a member's request under the group's policy (budget, headroom, `equal`,
 //!   `priority`, reserves), each rule decided by compare-and-swap.
+//! - [`budget`]: who set a device's budget (an operator's `vramcap limit`, or a member).
 //! - [`join`]: a member's start: the group's policy and headroom, its reserve, the headroom holder.
 //! - [`file`]: creating, opening and checking the file; [`guard`]: a file truncated while mapped.
 //! - [`liveness`]: whether the process a slot names still runs, from any PID namespace.
@@ -14,6 +15,7 @@
 //! Nothing here waits on another process: every step is one compare-and-swap or atomic add.
 
 pub mod admit;
+pub mod budget;
 pub mod file;
 pub mod guard;
 pub mod join;

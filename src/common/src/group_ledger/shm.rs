@@ -22,7 +22,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// 3: sharing policies (issue 17): the group's policy, live-member count, pressure counter and
 /// headroom holder; per device `held` (what admission decides on) and headroom; per member its
 /// priority, name, reserve and unmet reserve.
-pub const VERSION: u32 = 3;
+/// 4: live budgets (issue 26): per device who set the limit last (`limit_by`) and the budget an
+/// operator set with `vramcap limit` (`operator_limit`), which later members adopt.
+pub const VERSION: u32 = 4;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
 pub const NAME_BYTES: usize = 64;
@@ -72,6 +74,11 @@ pub struct Device {
     /// plus one once set: 0 means no member has set it yet (the first one does, see
     /// `group::sharing`). Read through [`Shared::headroom`].
     pub headroom: AtomicU64,
+    /// Who set `limit` last: [`super::budget::Setter`] packed (0: nobody yet).
+    pub limit_by: AtomicU64,
+    /// The budget an operator set with `vramcap limit` (valid while `limit_by` says operator):
+    /// a member joining with another `VRAMCAP_GROUP_LIMIT` puts this one back.
+    pub operator_limit: AtomicU64,
 }
 
 #[repr(C, align(64))]
@@ -308,7 +315,9 @@ impl Shared {
 
     /// Sets a device's group limit (0 = none); returns the previous one.
     pub fn set_limit(&self, e: usize, bytes: u64) -> u64 {
-        let old = self.devices[e].limit.swap(bytes, AcqRel);
+        // SeqCst: admission re-reads the limit after its CAS on `held` (`admit`), and must see
+        // this store if its CAS came after it.
+        let old = self.devices[e].limit.swap(bytes, SeqCst);
         if old != bytes {
             self.header.limit_seq.fetch_add(1, Release);
         }

@@ -95,6 +95,18 @@ pub fn write(buf: &mut Vec<u8>, e: &EventLine) {
         buf.extend_from_slice(b",\"group_used\":");
         push_u64(buf, g);
     }
+    if e.op == Op::Limit {
+        // The same values under their own names (see `Op::Limit`).
+        buf.extend_from_slice(b",\"old\":");
+        push_u64(buf, e.ptr);
+        buf.extend_from_slice(b",\"new\":");
+        push_u64(buf, e.size);
+        buf.extend_from_slice(b",\"uid\":");
+        push_i64(buf, e.result);
+        buf.extend_from_slice(b",\"source\":\"");
+        buf.extend_from_slice(e.api.as_bytes());
+        buf.push(b'"');
+    }
     buf.extend_from_slice(b"}\n");
 }
 

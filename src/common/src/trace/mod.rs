@@ -40,14 +40,19 @@ pub enum Op {
     HostAlloc,
     HostFree,
     IpcOpen,
+    /// A limit changed while the process ran (issue 26): `api` says by what (`ceiling`: the
+    /// ceiling file, `group`: the group's ledger), `ptr` the old limit, `size` the new one (0 =
+    /// none), `result` the uid that changed it (ceiling: 0, root's file); written with the named
+    /// fields `old`, `new`, `uid` and `source` as well.
+    Limit,
     /// Read from a trace: an `op` this version does not know (never written).
     Other,
 }
 
 impl Op {
     /// Every op the library writes.
-    pub const WRITTEN: [Op; 10] =
-        [Op::Alloc, Op::Free, Op::Deny, Op::Fail, Op::Map, Op::Unmap, Op::Reserve, Op::HostAlloc, Op::HostFree, Op::IpcOpen];
+    pub const WRITTEN: [Op; 11] =
+        [Op::Alloc, Op::Free, Op::Deny, Op::Fail, Op::Map, Op::Unmap, Op::Reserve, Op::HostAlloc, Op::HostFree, Op::IpcOpen, Op::Limit];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -61,6 +66,7 @@ impl Op {
             Op::HostAlloc => "host_alloc",
             Op::HostFree => "host_free",
             Op::IpcOpen => "ipc_open",
+            Op::Limit => "limit",
             Op::Other => "other",
         }
     }

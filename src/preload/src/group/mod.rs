@@ -16,7 +16,7 @@
 pub mod pressure;
 pub mod sharing;
 
-pub use vramcap_common::group_ledger::{file, guard, liveness, shm};
+pub use vramcap_common::group_ledger::{budget, file, guard, liveness, shm};
 
 use crate::config::{GroupConfig, limits::DeviceInfo, size::human};
 use crate::ledger::{Denied, MAX_DEVICES};
@@ -60,10 +60,12 @@ fn entry(dev: usize) -> Option<usize> {
 pub fn view(dev: usize) -> Option<(u64, u64)> {
     let (s, e) = (shared()?, entry(dev)?);
     let d = &s.devices[e];
-    let limit = d.limit.load(Acquire);
-    if limit == 0 {
-        return None;
-    }
+    // The ceiling file's group limit bounds this member even above the ledger's budget.
+    let limit = match (d.limit.load(Acquire), CEILING[dev].load(Relaxed)) {
+        (0, 0) => return None,
+        (l, 0) | (0, l) => l,
+        (l, c) => l.min(c),
+    };
     reclaim_now_and_then(s);
     Some((limit, s.used(e)))
 }
@@ -99,7 +101,9 @@ fn container_name() -> String {
 /// Joins the group once the devices are known; `limits` are this process's resolved
 /// `VRAMCAP_GROUP_LIMIT` (bytes per visible device, 0 = none), `None` to adopt the group's.
 /// Racing first callers each do the whole job and publish with CAS: nobody waits.
-pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>) -> Result<(), String> {
+/// `ceiling`: the ceiling file's group limit per device (0 = none), which bounds this member
+/// whatever budget the ledger holds (an operator may set one above it).
+pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>, ceiling: Option<&[u64]>) -> Result<(), String> {
     if active() && MY_SLOT.load(Acquire) != NO_SLOT {
         return Ok(());
     }
@@ -130,18 +134,13 @@ pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>)
         entries.push(e);
     }
     if let Some(limits) = limits {
-        for (d, (&e, &want)) in entries.iter().zip(limits).enumerate() {
-            let old = s.set_limit(e, want);
-            if old != want && old != 0 {
-                let show = |b: u64| if b == 0 { "no limit".to_string() } else { human(b) };
-                crate::log::write_line(&format!(
-                    "vramcap: group \"{name}\" device {d}: limit changed from {} to {} by pid {} \
-                     (the newest VRAMCAP_GROUP_LIMIT wins)",
-                    show(old),
-                    show(want),
-                    std::process::id()
-                ));
-            }
+        let uid = unsafe { libc::getuid() };
+        let what: Vec<_> = entries.iter().zip(limits).map(|(&e, &want)| (want, s.member_limit(e, want, uid))).collect();
+        say_member_limit(&name, &what);
+    }
+    if let Some(c) = ceiling {
+        for (d, &c) in c.iter().enumerate().take(MAX_DEVICES) {
+            CEILING[d].store(c, Relaxed);
         }
     }
     let slot = register(s).ok_or_else(|| {
@@ -168,6 +167,79 @@ pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>)
     install_process_hooks();
     Ok(())
 }
+
+/// A line per device where this member's `VRAMCAP_GROUP_LIMIT` changed the group's budget, and
+/// one line for the devices where it was not applied because an operator set the budget.
+fn say_member_limit(name: &str, what: &[(u64, budget::MemberLimit)]) {
+    let show = |b: u64| if b == 0 { "no limit".to_string() } else { human(b) };
+    let mut adopted = Vec::new();
+    let mut by = 0;
+    for (d, &(want, w)) in what.iter().enumerate() {
+        match w {
+            budget::MemberLimit::Applied { old } if old != want && old != 0 => crate::log::write_line(&format!(
+                "vramcap: group \"{name}\" device {d}: limit changed from {} to {} by pid {} (the newest VRAMCAP_GROUP_LIMIT wins)",
+                show(old),
+                show(want),
+                std::process::id()
+            )),
+            budget::MemberLimit::Adopted { bytes, uid } if bytes != want => {
+                adopted.push(format!("device {d}: {} (VRAMCAP_GROUP_LIMIT's {})", show(bytes), show(want)));
+                by = uid;
+            }
+            _ => {}
+        }
+    }
+    if !adopted.is_empty() {
+        crate::log::write_line(&format!(
+            "vramcap: group \"{name}\": using the budget uid {by} set with `vramcap limit`, not this process's \
+             VRAMCAP_GROUP_LIMIT: {}",
+            adopted.join(", ")
+        ));
+    }
+}
+
+/// Devices whose group limit changed since the last look, as (device, old, new, uid that set
+/// it); `seen` holds the last limits looked at (`u64::MAX`: not looked at yet, nothing reported).
+pub fn limit_changes(seen: &mut [u64]) -> Vec<(usize, u64, u64, u32)> {
+    let Some(s) = shared() else { return Vec::new() };
+    // A truncated ledger was swapped for a refusing copy: its limits are no one's change.
+    if guard::lost() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (d, last) in seen.iter_mut().enumerate() {
+        let Some(e) = entry(d) else { continue };
+        let now = s.devices[e].limit.load(Acquire);
+        if *last != now {
+            if *last != u64::MAX {
+                out.push((d, *last, now, s.limit_setter(e).map_or(0, |b| b.uid)));
+            }
+            *last = now;
+        }
+    }
+    out
+}
+
+/// Writes this member's group limits into the ledger again (the ceiling file that bounds them
+/// changed), as a joining member does: an operator's budget stays.
+pub fn rewrite_limits(limits: &[u64]) {
+    let Some(s) = shared() else { return };
+    let uid = unsafe { libc::getuid() };
+    for (d, &want) in limits.iter().enumerate() {
+        if let Some(e) = entry(d) {
+            s.member_limit(e, want, uid);
+        }
+    }
+}
+
+/// Sets this member's ceiling on device `dev` (0 = none; the ceiling file changed); returns the
+/// previous one.
+pub fn set_ceiling(dev: usize, bytes: u64) -> u64 {
+    CEILING.get(dev).map_or(0, |c| c.swap(bytes, SeqCst))
+}
+
+/// The ceiling file's group limit per device (0 = none): see [`attach`].
+static CEILING: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
 fn register(s: &Shared) -> Option<usize> {
     let (pid, (start, pidns)) = (std::process::id(), liveness::self_identity());
@@ -206,9 +278,25 @@ pub fn reserve(dev: usize, size: u64) -> Result<(), Denied> {
     let (Some(s), Some(e)) = (shared(), entry(dev)) else { return Ok(()) };
     let Some(slot) = my_slot(s) else { return Err(Denied { used: 0, limit: 0, group: true, rule: shm::Rule::Budget }) };
     match s.charge(slot, e, size) {
-        Ok(()) => Ok(()),
+        Ok(()) => match CEILING[dev].load(Relaxed) {
+            0 => Ok(()),
+            c => within_ceiling(s, slot, e, size, c),
+        },
         Err(_) => reserve_after_reclaim(s, slot, e, size),
     }
+}
+
+/// The ceiling file bounds this member's group whatever the ledger's budget (an operator's
+/// `vramcap limit` above it is accepted, and each member held to its own ceiling).
+#[cold]
+#[inline(never)]
+fn within_ceiling(s: &Shared, slot: usize, e: usize, size: u64, ceiling: u64) -> Result<(), Denied> {
+    let used = s.used(e);
+    if used <= ceiling {
+        return Ok(());
+    }
+    s.uncharge(slot, e, size);
+    Err(Denied { used: used - size, limit: ceiling, group: true, rule: shm::Rule::Budget })
 }
 
 /// Would be denied: first give back what dead members still hold, then try once more.

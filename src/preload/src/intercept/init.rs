@@ -105,14 +105,21 @@ fn apply(cfg: &config::Config, devices: &[DeviceInfo]) -> Result<(), String> {
     }
     if let Some(g) = &cfg.group {
         let mut glimits = if g.limits.is_empty() { None } else { Some(g.limits.resolve(devices).map_err(|e| e.to_string())?) };
-        if let (Some(c), Some(gl)) = (&cfg.ceiling, glimits.as_mut())
+        let mut gceiling = None;
+        if let Some(c) = &cfg.ceiling
             && !c.group_limits.is_empty()
         {
             let ceiling = c.group_limits.resolve(devices).map_err(|e| e.to_string())?;
-            say_capped("VRAMCAP_GROUP_LIMIT", &c.path, config::ceiling::cap(gl, &ceiling), &ceiling);
+            if let Some(gl) = glimits.as_mut() {
+                say_capped("VRAMCAP_GROUP_LIMIT", &c.path, config::ceiling::cap(gl, &ceiling), &ceiling);
+            }
+            gceiling = Some(ceiling);
         }
-        crate::group::attach(g, devices, glimits.as_deref())?;
+        crate::group::attach(g, devices, glimits.as_deref(), gceiling.as_deref())?;
         log_at!(Level::Info, "group \"{}\": joined", crate::group::name().unwrap_or(""));
+    }
+    if cfg.ceiling.is_some() || cfg.group.is_some() {
+        crate::ceiling_watch::start(devices, cfg.ceiling.is_some());
     }
     Ok(())
 }

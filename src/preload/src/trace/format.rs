@@ -3,7 +3,7 @@
 //! to the line, naming its entry point by the names the hook table registered
 //! ([`super::api_name`]).
 
-use crate::events::{NO_GROUP, Record};
+use crate::events::{API_CEILING, API_GROUP, NO_GROUP, Record};
 use vramcap_common::trace::event::{self, EventLine};
 
 pub use vramcap_common::trace::VERSION;
@@ -19,7 +19,11 @@ pub fn event_line(buf: &mut Vec<u8>, r: &Record, t_ns: u64, dur_ns: u64) {
             t_ns,
             tid: r.tid as u64,
             op: e.op,
-            api: super::api_name(e.api),
+            api: match e.api {
+                API_CEILING => "ceiling",
+                API_GROUP => "group",
+                a => super::api_name(a),
+            },
             dev: e.dev,
             ptr: e.ptr,
             size: e.size,

@@ -157,6 +157,18 @@ impl Shared {
         Ok(())
     }
 
+    /// A request granted against a limit that shrank meanwhile: taken back (before it became
+    /// the member's charge), refused by the new one.
+    #[cold]
+    #[inline(never)]
+    fn undo_after_shrink(&self, i: usize, e: usize, added: u64, own: u64, stolen: &[(usize, u64)], limit: u64) -> Over {
+        let (d, s) = (&self.devices[e], &self.slots[i]);
+        sub_saturating(&d.held, added);
+        give_unmet(d, &s.unmet[e], own, u64::MAX);
+        self.give_back(e, stolen);
+        Over { used: self.used(e), limit, rule: Rule::Budget }
+    }
+
     /// Whether [`Shared::charge`] would grant `size` now, leaving the ledger as it was: for a
     /// replay judging a request that the recorded run refused (a ledger nobody else writes).
     pub fn probe(&self, i: usize, e: usize, size: u64) -> Result<(), Over> {
@@ -207,6 +219,12 @@ impl Shared {
             }
         };
         let got: u64 = stolen.iter().map(|&(_, b)| b).sum();
+        // The limit again, after the CAS (issue 26): a request that read the old limit but
+        // charged after a shrink is held to the new one. One load of the line just written.
+        let now = d.limit.load(SeqCst);
+        if now != 0 && now < limit && held_after > now {
+            return Err(self.undo_after_shrink(i, e, need - got, own, &stolen, now));
+        }
         match self.share(i, e) {
             Some((share, base, n)) => {
                 if add_bounded(&s.charge[e], size, share).is_err() {
