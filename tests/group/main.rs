@@ -3,4 +3,5 @@
 mod group;
 mod group_hostile;
 mod group_policy;
+mod group_sharing;
 mod replay_agrees;

@@ -22,10 +22,14 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// 3: sharing policies (issue 17): the group's policy, live-member count, pressure counter and
 /// headroom holder; per device `held` (what admission decides on) and headroom; per member its
 /// priority, name, reserve and unmet reserve.
-pub const VERSION: u32 = 3;
+/// 4: reserve loans (issue 25): per member the unmet reserve it took from lower priorities, by
+/// lender and device, so that it goes back to its lender when freed.
+pub const VERSION: u32 = 4;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
 pub const NAME_BYTES: usize = 64;
+/// Loans (lender, device) a member keeps track of at once (`group_ledger::loan`).
+pub const LOANS: usize = 15;
 
 #[repr(C)]
 pub struct Header {
@@ -96,6 +100,13 @@ pub struct Slot {
     /// The part of the reserve not in use (and not taken by a higher priority): counted in
     /// `held`, so nobody else can take it.
     pub unmet: [AtomicU64; DEVICES],
+    /// Bit `e`: this member has loans on device entry `e` (one load on its frees).
+    pub loans_on: AtomicU64,
+    /// Unmet reserve this member took from lower priorities, as `loan::key` (lender slot and
+    /// generation, device entry; 0: free) and bytes still out. Written by the member itself,
+    /// and by whoever empties its slot.
+    pub loan_key: [AtomicU64; LOANS],
+    pub loan_bytes: [AtomicU64; LOANS],
 }
 
 #[repr(C)]
@@ -222,7 +233,7 @@ impl Policy {
 
 impl Shared {
     /// A ledger on the heap, as a freshly created file holds it: what `vramcap replay --policy`
-    /// runs the library's admission over (and unit tests). About 1.6 MiB.
+    /// runs the library's admission over (and unit tests). About 1.9 MiB.
     pub fn in_memory(name: &str) -> Box<Shared> {
         let layout = std::alloc::Layout::new::<Shared>();
         // Every field is an atomic integer, for which all-zero bytes are a valid value.
@@ -358,19 +369,23 @@ impl Shared {
         let mine = SlotWord { state: State::Reclaiming, generation: sw.generation, pid: me };
         s.word.compare_exchange(w, mine.pack(), AcqRel, Relaxed).ok()?;
         let mut total = 0;
+        let loans = s.loans_on.load(Acquire);
         for e in 0..DEVICES {
             // Zero the slot first: a kill right here leaks (stricter), never double-counts.
             let charged = s.charge[e].swap(0, AcqRel);
+            // What it borrowed goes back to its lenders (it stays in `held`, as their reserve).
+            let repaid = if loans & (1 << e) != 0 { self.repay(i, e, charged) } else { 0 };
             let unmet = s.unmet[e].swap(0, AcqRel);
             s.reserve[e].store(0, Release);
             total += charged;
             if unmet > 0 {
                 sub_saturating(&self.devices[e].unmet, unmet);
             }
-            if charged + unmet > 0 {
-                sub_saturating(&self.devices[e].held, charged + unmet);
+            if charged - repaid + unmet > 0 {
+                sub_saturating(&self.devices[e].held, charged - repaid + unmet);
             }
         }
+        self.forget_loans(i);
         // The headroom goes back with its holder.
         let token = holder_token(i, sw.generation);
         let _ = self.header.headroom_holder.compare_exchange(token, 0, AcqRel, Relaxed);
@@ -458,8 +473,8 @@ mod tests {
         // Changing this means changing VERSION: members built from different versions share files.
         assert_eq!(std::mem::size_of::<Header>(), 128);
         assert_eq!(std::mem::size_of::<Device>(), 64);
-        assert_eq!(std::mem::size_of::<Slot>(), 1600);
-        assert_eq!(LAYOUT_BYTES, 128 + 64 * 64 + 1600 * 1024);
+        assert_eq!(std::mem::size_of::<Slot>(), 1856);
+        assert_eq!(LAYOUT_BYTES, 128 + 64 * 64 + 1856 * 1024);
         assert_eq!(std::mem::offset_of!(Shared, devices) % 64, 0);
     }
 

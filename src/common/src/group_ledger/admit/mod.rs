@@ -11,7 +11,8 @@
 //! - `equal`: one CAS on the member's own charge (`charge + size ≤ share`, share = budget / N);
 //! - `priority`: a member that does not fit takes unmet reserve of lower priorities, each piece
 //!   with one CAS on that member's `unmet` (a piece is had by exactly one side), then decides on
-//!   `held` as above; what it took stays counted in `held` throughout.
+//!   `held` as above; what it took stays counted in `held` throughout, and goes back to the
+//!   member it was taken from when freed (`loan`).
 //!
 //! Every step that a kill could interrupt leaves `held` (or `used`) too high: a member killed in
 //! the middle of a request costs the others at most that request until its slot is reclaimed.
@@ -88,7 +89,7 @@ fn take_own(d: &super::shm::Device, unmet: &AtomicU64, v: u64) -> u64 {
 }
 
 /// Puts `v` back into an unmet reserve (and the device's sum), up to `cap`; returns it.
-fn give_unmet(d: &super::shm::Device, unmet: &AtomicU64, v: u64, cap: u64) -> u64 {
+pub(super) fn give_unmet(d: &super::shm::Device, unmet: &AtomicU64, v: u64, cap: u64) -> u64 {
     let back = refill(unmet, v, cap);
     if back > 0 {
         d.unmet.fetch_add(back, AcqRel);
@@ -144,6 +145,9 @@ impl Shared {
     #[inline(always)]
     pub fn charge(&self, i: usize, e: usize, size: u64) -> Result<(), Over> {
         let t = self.admit(i, e, size)?;
+        if !t.stolen.is_empty() {
+            self.lend(i, e, &t.stolen);
+        }
         let d = &self.devices[e];
         note_peak(d, t.held_after);
         if t.headroom > 0 {
@@ -256,15 +260,17 @@ impl Shared {
     }
 
     /// Gives back up to `size` of what slot `i` holds on `e`; returns what was given back. Never
-    /// more than the slot holds. The member's reserve fills up again first (it is kept for it
+    /// more than the slot holds. What the member borrowed from lower priorities goes back to
+    /// its lenders first, then its own reserve fills up again (both are kept for their owner
     /// while it lives), the rest leaves `held`.
     #[inline]
     pub fn uncharge(&self, i: usize, e: usize, size: u64) -> u64 {
         let (d, s) = (&self.devices[e], &self.slots[i]);
         let taken = sub_saturating(&s.charge[e], size);
+        let repaid = if s.loans_on.load(Relaxed) & (1 << e) == 0 { 0 } else { self.repay(i, e, taken) };
         let r = s.reserve[e].load(Relaxed);
-        let back = if r == 0 { 0 } else { give_unmet(d, &s.unmet[e], taken, r.saturating_sub(s.charge[e].load(Acquire))) };
-        sub_saturating(&d.held, taken - back);
+        let back = if r == 0 { 0 } else { give_unmet(d, &s.unmet[e], taken - repaid, r.saturating_sub(s.charge[e].load(Acquire))) };
+        sub_saturating(&d.held, taken - repaid - back);
         taken
     }
 
