@@ -45,3 +45,37 @@ fn a_reserve_a_higher_priority_borrowed_goes_back_to_its_member_not_to_an_equal_
         l.sigkill();
     }
 }
+
+/// Item 2: the documented headroom example scaled down (240 MiB headroom, 1200 MiB budget, four
+/// 240 MiB jobs started one after another): the fifth fits, a sixth does not; once the fifth is
+/// gone, a restart of a job whose predecessor still holds its memory fits too.
+#[test]
+fn the_plus_one_job_fits_after_four_jobs_started_one_after_another() {
+    let dir = private_group_dir();
+    let env = [("VRAMCAP_GROUP_LIMIT", "1200m"), ("VRAMCAP_GROUP_HEADROOM", "240m")];
+    let job = |env: &[(&str, &str)]| {
+        let mut r = member(&dir, "plus1", env).args(["init ctx 0 alloc 240m sleep 60000"]).spawn();
+        let rc = r.wait_for("alloc").rc();
+        (r, rc)
+    };
+    let mut jobs = Vec::new();
+    for k in 0..4 {
+        let (r, rc) = job(&env);
+        assert_eq!(rc, 0, "job {k}");
+        jobs.push(r);
+    }
+    let (fifth, rc) = job(&[]);
+    assert_eq!(rc, 0, "the fifth job fits in the headroom");
+    let out = member(&dir, "plus1", &[]).args(["init ctx 0 alloc 1m"]).run();
+    assert_ne!(out.nth("alloc", 0).rc(), 0, "a sixth does not: {}", out.stderr);
+    fifth.sigkill();
+    // A restart of job 3 while job 3 still holds its memory (it is draining).
+    let (restart, rc) = job(&[]);
+    assert_eq!(rc, 0, "the restart fits");
+    let m = ledger(&dir, "plus1");
+    assert_eq!(m.shm.used(0), 1200 * MIB);
+    restart.sigkill();
+    for j in jobs {
+        j.sigkill();
+    }
+}

@@ -23,7 +23,8 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// headroom holder; per device `held` (what admission decides on) and headroom; per member its
 /// priority, name, reserve and unmet reserve.
 /// 4: reserve loans (issue 25): per member the unmet reserve it took from lower priorities, by
-/// lender and device, so that it goes back to its lender when freed.
+/// lender and device, so that it goes back to its lender when freed; and whether it started late
+/// (who may take the headroom).
 pub const VERSION: u32 = 4;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
@@ -107,7 +108,13 @@ pub struct Slot {
     /// and by whoever empties its slot.
     pub loan_key: [AtomicU64; LOANS],
     pub loan_bytes: [AtomicU64; LOANS],
+    /// [`LATE`]: set at start, cleared when the slot is claimed.
+    pub flags: AtomicU64,
 }
+
+/// `Slot::flags`: the member started while other members held memory (a restart, the "+1"
+/// job): it may take the headroom when nobody uses it (`Shared::try_take_headroom`).
+pub const LATE: u64 = 1;
 
 #[repr(C)]
 pub struct Shared {
@@ -344,6 +351,7 @@ impl Shared {
                 s.start.store(start, Release);
                 s.pidns.store(pidns, Release);
                 s.priority.store(0, Release);
+                s.flags.store(0, Release);
                 for c in &s.comm {
                     c.store(0, Relaxed);
                 }

@@ -319,3 +319,79 @@ fn a_loan_never_refills_a_dead_lender_nor_past_a_reserve() {
     s.uncharge(h, 0, 130);
     assert_eq!((s.slots[l].unmet[0].load(Relaxed), dev(s).held.load(Relaxed), s.borrowed(h, 0)), (0, 50, 0));
 }
+
+/// A member joining a group with a headroom of 240 in a budget of 1200 (the documented "+1"
+/// example, in MiB).
+fn start(s: &Shared, pid: u32) -> usize {
+    let i = member(s, pid, 0);
+    let req = crate::group_ledger::join::Request { policy: None, priority: 0, headroom: Some(&[240]), reserve: &[] };
+    s.join(i, &[0], &req, &|_| {}).unwrap();
+    i
+}
+
+/// Issue 25 item 2: four jobs of 240 started one after another, then a fifth (or a restart whose
+/// predecessor still holds its memory): it fits whoever held the headroom before it, in any
+/// start order; the first member never uses the headroom, and a sixth finds it in use.
+#[test]
+fn the_plus_one_job_fits_whatever_the_start_order() {
+    // One after another: each starts once the one before holds its memory.
+    let s = fresh(Policy::Shared, 1200);
+    let first = start(s, 1);
+    s.charge(first, 0, 240).unwrap();
+    let mut jobs = vec![first];
+    for pid in 2..=4 {
+        let j = start(s, pid);
+        s.charge(j, 0, 240).unwrap();
+        jobs.push(j);
+    }
+    assert!(matches!(rule(s.charge(first, 0, 1)), Rule::Headroom { headroom: 240 }), "the first never uses it");
+    let fifth = start(s, 5);
+    s.charge(fifth, 0, 240).unwrap();
+    assert_eq!(dev(s).held.load(Relaxed), 1200);
+    let sixth = start(s, 6);
+    assert!(s.charge(sixth, 0, 1).is_err(), "the headroom is in use: nothing for a sixth");
+    // The fifth exits; a restart of the fourth while the fourth still drains fits too.
+    s.reclaim(fifth, s.slots[fifth].word.load(Relaxed), 1);
+    s.reclaim(sixth, s.slots[sixth].word.load(Relaxed), 1);
+    let restart = start(s, 7);
+    s.charge(restart, 0, 240).unwrap();
+
+    // All four late, the holder (the last to start) allocates first: the fourth to allocate
+    // needs the headroom and takes it from the holder, which does not use it.
+    let s = fresh(Policy::Shared, 1200);
+    let first = start(s, 1);
+    s.charge(first, 0, 240).unwrap();
+    let late: Vec<usize> = (2..=5).map(|pid| start(s, pid)).collect();
+    assert!(s.holds_headroom(late[3]), "the last to start holds it");
+    for &j in [late[3], late[0], late[1]].iter() {
+        s.charge(j, 0, 240).unwrap();
+    }
+    s.charge(late[2], 0, 240).unwrap();
+    assert!(s.holds_headroom(late[2]) && dev(s).held.load(Relaxed) == 1200);
+
+    // None late (the four started before any held memory): the fifth is the late one.
+    let s = fresh(Policy::Shared, 1200);
+    let four: Vec<usize> = (1..=4).map(|pid| start(s, pid)).collect();
+    for &j in &four {
+        s.charge(j, 0, 240).unwrap();
+    }
+    let fifth = start(s, 5);
+    s.charge(fifth, 0, 240).unwrap();
+}
+
+/// A holder that used the headroom and freed it keeps no claim on it: the next late starter
+/// that needs it gets it. One that uses it keeps it (nothing is taken back).
+#[test]
+fn an_idle_holder_does_not_keep_the_headroom() {
+    let s = fresh(Policy::Shared, 1200);
+    let first = start(s, 1);
+    s.charge(first, 0, 960).unwrap();
+    let a = start(s, 2);
+    s.charge(a, 0, 240).unwrap();
+    let b = start(s, 3);
+    assert!(!s.holds_headroom(b) && s.charge(b, 0, 1).is_err(), "A uses it");
+    s.uncharge(a, 0, 240);
+    s.charge(b, 0, 240).unwrap();
+    assert!(s.holds_headroom(b) && !s.holds_headroom(a));
+    assert!(s.charge(a, 0, 1).is_err(), "A lost it to B, which uses it");
+}
