@@ -3,5 +3,6 @@
 mod group;
 mod group_hostile;
 mod group_policy;
+mod group_sharing;
 mod live_budget;
 mod replay_agrees;

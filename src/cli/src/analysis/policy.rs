@@ -225,9 +225,16 @@ impl Sim {
             Err(_) => Default::default(),
         };
         if joined.holds_headroom {
-            self.held_headroom[i] = self.devs.iter().filter(|d| d.headroom > 0).map(|d| d.index).collect();
+            self.note_holder(i);
         }
         self.slot[i] = Some(slot);
+    }
+
+    /// Member `i` holds the headroom (from its start, or since a request of its own took it).
+    fn note_holder(&mut self, i: usize) {
+        if self.held_headroom[i].is_empty() {
+            self.held_headroom[i] = self.devs.iter().filter(|d| d.headroom > 0).map(|d| d.index).collect();
+        }
     }
 
     /// Member `i`'s trace ended: its slot is reclaimed, with everything it held.
@@ -289,6 +296,9 @@ impl Sim {
         let before = self.unmet(entry);
         match self.ledger.charge(slot, entry, size) {
             Ok(()) => {
+                if self.ledger.holds_headroom(slot) {
+                    self.note_holder(i);
+                }
                 // Under `priority`, what this grant took from lower members' unmet reserves.
                 for (j, (b, a)) in before.iter().zip(self.unmet(entry)).enumerate() {
                     if j != i && a < *b {

@@ -168,7 +168,9 @@ pub fn merge(file: Option<(&str, &str)>, env: &[(String, String)], secure: bool)
             {
                 Some("whose group the environment cannot leave")
             }
-            k if is_sharing_setting(k) && file_value.is_some_and(|f| f.trim() != v.trim()) && !v.trim().is_empty() => {
+            // Every spelling of a family the file sets (the list form, `_<i>` suffixes): the
+            // file's alone, so a per-device name cannot override it (issue 25).
+            k if sharing_family(k).is_some_and(|f| file_sets(&fvars, f)) && file_value.is_none_or(|f| f.trim() != v.trim()) && !v.trim().is_empty() => {
                 Some("and a job's share of its group is the platform's to set")
             }
             "VRAMCAP_REAL_LIBCUDA" | "VRAMCAP_REAL_LIBNVML" if file_value != Some(v.trim()) && !v.trim().is_empty() => {
@@ -181,6 +183,9 @@ pub fn merge(file: Option<(&str, &str)>, env: &[(String, String)], secure: bool)
             continue;
         }
         // Not refused but the file's stands: the same value, a blank, or a "0".
+        if sharing_family(k).is_some_and(|f| file_sets(&fvars, f)) {
+            continue; // a blank or the file's own value: the file's stands
+        }
         match k.as_str() {
             "VRAMCAP_DISABLE" | "VRAMCAP_REAL_LIBCUDA" | "VRAMCAP_REAL_LIBNVML" => continue,
             "VRAMCAP_GROUP" | "VRAMCAP_GROUP_DIR" | "CUDA_DEVICE_MEMORY_SHARED_CACHE" if fc.group.is_some() => continue,
@@ -245,10 +250,17 @@ pub fn from_env_vars(env: &[(String, String)]) -> Config {
     }
 }
 
-/// `VRAMCAP_GROUP_POLICY`, `VRAMCAP_PRIORITY`, `VRAMCAP_GROUP_RESERVE[_<i>]`,
-/// `VRAMCAP_GROUP_HEADROOM[_<i>]`: where the ceiling file sets one, the environment cannot change it.
-fn is_sharing_setting(k: &str) -> bool {
-    k == "VRAMCAP_GROUP_POLICY" || k == "VRAMCAP_PRIORITY" || k.starts_with("VRAMCAP_GROUP_RESERVE") || k.starts_with("VRAMCAP_GROUP_HEADROOM")
+/// The sharing family of `k` (`VRAMCAP_GROUP_POLICY`, `VRAMCAP_PRIORITY`,
+/// `VRAMCAP_GROUP_RESERVE[_<i>]`, `VRAMCAP_GROUP_HEADROOM[_<i>]`): where the ceiling file sets any
+/// name of a family, the environment cannot change any name of it.
+fn sharing_family(k: &str) -> Option<&'static str> {
+    const SCALAR: [&str; 2] = ["VRAMCAP_GROUP_POLICY", "VRAMCAP_PRIORITY"];
+    const PER_DEVICE: [&str; 2] = ["VRAMCAP_GROUP_RESERVE", "VRAMCAP_GROUP_HEADROOM"];
+    SCALAR.into_iter().find(|f| k == *f).or_else(|| PER_DEVICE.into_iter().find(|f| k == *f || k.strip_prefix(f).is_some_and(|r| r.starts_with('_'))))
+}
+
+fn file_sets(fvars: &[(String, String)], family: &str) -> bool {
+    fvars.iter().any(|(k, v)| sharing_family(k) == Some(family) && !v.trim().is_empty())
 }
 
 #[cfg(test)]
@@ -306,6 +318,38 @@ mod tests {
         // The file's paths still count.
         let c = merge(Some((PATH, "VRAMCAP_TRACE=/var/log/t\n")), &env(&[("VRAMCAP_TRACE", "/x")]), true);
         assert_eq!(c.trace.as_deref(), Some("/var/log/t"));
+    }
+
+    /// Issue 25 item 3: every sharing family the file sets, in every spelling the environment
+    /// could use (the same name, the list form, a per-device suffix, a blank), stays the file's,
+    /// with one line per refused variable; a family the file does not set is the environment's.
+    #[test]
+    fn every_spelling_of_a_sharing_family_the_file_sets_is_the_files() {
+        let file = "VRAMCAP_GROUP=pod\nVRAMCAP_GROUP_LIMIT=1g\nVRAMCAP_GROUP_POLICY=priority\nVRAMCAP_PRIORITY=-5\n\
+                    VRAMCAP_GROUP_RESERVE=100m\nVRAMCAP_GROUP_HEADROOM_0=200m\n";
+        let want = merge(Some((PATH, file)), &[], false).group.unwrap();
+        for (k, v) in [
+            ("VRAMCAP_GROUP_RESERVE_0", "900m"),
+            ("VRAMCAP_GROUP_RESERVE", "0=900m"),
+            ("VRAMCAP_GROUP_RESERVE", ""),
+            ("VRAMCAP_GROUP_HEADROOM_0", "0"),
+            ("VRAMCAP_GROUP_HEADROOM", "0"),
+            ("VRAMCAP_GROUP_HEADROOM_1", "1g"),
+            ("VRAMCAP_GROUP_POLICY", "shared"),
+            ("VRAMCAP_GROUP_POLICY", " "),
+            ("VRAMCAP_PRIORITY", "10"),
+            ("VRAMCAP_PRIORITY", ""),
+        ] {
+            let c = merge(Some((PATH, file)), &env(&[(k, v)]), false);
+            assert!(c.error.is_none(), "{k}={v:?}: {:?}", c.error);
+            let g = c.group.unwrap();
+            assert_eq!((g.policy, g.priority, &g.reserve, &g.headroom), (want.policy, want.priority, &want.reserve, &want.headroom), "{k}={v:?}");
+            let said = c.warnings.iter().filter(|w| w.contains(&format!("ignoring {k}=")) && w.contains(PATH)).count();
+            assert_eq!(said, usize::from(!v.trim().is_empty()), "{k}={v:?}: {:?}", c.warnings);
+        }
+        // The file sets no headroom: the environment's counts.
+        let c = merge(Some((PATH, "VRAMCAP_GROUP=pod\nVRAMCAP_GROUP_RESERVE=1m\n")), &env(&[("VRAMCAP_GROUP_HEADROOM_0", "5m")]), false);
+        assert_eq!(c.group.unwrap().headroom.entries.len(), 1);
     }
 
     #[test]

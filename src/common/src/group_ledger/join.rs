@@ -4,7 +4,7 @@
 //! init (src/preload/src/group/sharing.rs adds the words and the log lines); `vramcap replay
 //! --policy` runs it for each trace as it starts.
 
-use super::shm::{Over, Policy, Shared, SlotWord, State};
+use super::shm::{LATE, Over, Policy, Shared, SlotWord, State};
 use crate::grammar::size::human;
 use std::sync::atomic::Ordering::*;
 
@@ -25,7 +25,8 @@ pub struct Request<'a> {
 pub struct Joined {
     /// The group had no member running and another policy: this member reset it (from this).
     pub policy_was: Option<&'static str>,
-    /// This member started while others held memory and now holds the headroom.
+    /// This member started while others held memory and holds the headroom now (it may take it
+    /// later too, when it needs it and nobody uses it).
     pub holds_headroom: bool,
 }
 
@@ -59,7 +60,12 @@ impl Shared {
         if headroom {
             sweep(self);
         }
-        joined.holds_headroom = headroom && self.others_hold_memory(slot) && self.try_take_headroom(slot);
+        if headroom && self.others_hold_memory(slot) {
+            // Started while the group was running: it may take the headroom, now or when it
+            // needs it and nobody uses it (`try_take_headroom`).
+            self.slots[slot].flags.fetch_or(LATE, AcqRel);
+            joined.holds_headroom = self.try_take_headroom(slot);
+        }
         Ok(joined)
     }
 

@@ -9,6 +9,7 @@
 //!   `priority`, reserves), each rule decided by compare-and-swap.
 //! - [`budget`]: who set a device's budget (an operator's `vramcap limit`, or a member).
 //! - [`join`]: a member's start: the group's policy and headroom, its reserve, the headroom holder.
+//! - [`loan`]: reserve a higher priority took, given back to its lender when freed.
 //! - [`file`]: creating, opening and checking the file; [`guard`]: a file truncated while mapped.
 //! - [`liveness`]: whether the process a slot names still runs, from any PID namespace.
 //!
@@ -20,6 +21,7 @@ pub mod file;
 pub mod guard;
 pub mod join;
 pub mod liveness;
+pub mod loan;
 pub mod shm;
 
 /// Gives back what the dead members of ledger `s` hold, judged from this process (its PID

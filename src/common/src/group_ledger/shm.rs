@@ -22,12 +22,16 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// 3: sharing policies (issue 17): the group's policy, live-member count, pressure counter and
 /// headroom holder; per device `held` (what admission decides on) and headroom; per member its
 /// priority, name, reserve and unmet reserve.
-/// 4: live budgets (issue 26): per device who set the limit last (`limit_by`) and the budget an
-/// operator set with `vramcap limit` (`operator_limit`), which later members adopt.
+/// 4 (issue 25 and 26, one change): per device who set the limit last (`limit_by`) and the budget
+/// an operator set with `vramcap limit` (`operator_limit`), which later members adopt; per member
+/// the reserve it took from lower priorities, by lender and device, so that it goes back to its
+/// lender when freed, and whether it started late (who may take the headroom).
 pub const VERSION: u32 = 4;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
 pub const NAME_BYTES: usize = 64;
+/// Loans (lender, device) a member keeps track of at once (`group_ledger::loan`).
+pub const LOANS: usize = 15;
 
 #[repr(C)]
 pub struct Header {
@@ -103,7 +107,20 @@ pub struct Slot {
     /// The part of the reserve not in use (and not taken by a higher priority): counted in
     /// `held`, so nobody else can take it.
     pub unmet: [AtomicU64; DEVICES],
+    /// Bit `e`: this member has loans on device entry `e` (one load on its frees).
+    pub loans_on: AtomicU64,
+    /// Unmet reserve this member took from lower priorities, as `loan::key` (lender slot and
+    /// generation, device entry; 0: free) and bytes still out. Written by the member itself,
+    /// and by whoever empties its slot.
+    pub loan_key: [AtomicU64; LOANS],
+    pub loan_bytes: [AtomicU64; LOANS],
+    /// [`LATE`]: set at start, cleared when the slot is claimed.
+    pub flags: AtomicU64,
 }
+
+/// `Slot::flags`: the member started while other members held memory (a restart, the "+1"
+/// job): it may take the headroom when nobody uses it (`Shared::try_take_headroom`).
+pub const LATE: u64 = 1;
 
 #[repr(C)]
 pub struct Shared {
@@ -229,7 +246,7 @@ impl Policy {
 
 impl Shared {
     /// A ledger on the heap, as a freshly created file holds it: what `vramcap replay --policy`
-    /// runs the library's admission over (and unit tests). About 1.6 MiB.
+    /// runs the library's admission over (and unit tests). About 1.9 MiB.
     pub fn in_memory(name: &str) -> Box<Shared> {
         let layout = std::alloc::Layout::new::<Shared>();
         // Every field is an atomic integer, for which all-zero bytes are a valid value.
@@ -342,6 +359,7 @@ impl Shared {
                 s.start.store(start, Release);
                 s.pidns.store(pidns, Release);
                 s.priority.store(0, Release);
+                s.flags.store(0, Release);
                 for c in &s.comm {
                     c.store(0, Relaxed);
                 }
@@ -367,19 +385,23 @@ impl Shared {
         let mine = SlotWord { state: State::Reclaiming, generation: sw.generation, pid: me };
         s.word.compare_exchange(w, mine.pack(), AcqRel, Relaxed).ok()?;
         let mut total = 0;
+        let loans = s.loans_on.load(Acquire);
         for e in 0..DEVICES {
             // Zero the slot first: a kill right here leaks (stricter), never double-counts.
             let charged = s.charge[e].swap(0, AcqRel);
+            // What it borrowed goes back to its lenders (it stays in `held`, as their reserve).
+            let repaid = if loans & (1 << e) != 0 { self.repay(i, e, charged) } else { 0 };
             let unmet = s.unmet[e].swap(0, AcqRel);
             s.reserve[e].store(0, Release);
             total += charged;
             if unmet > 0 {
                 sub_saturating(&self.devices[e].unmet, unmet);
             }
-            if charged + unmet > 0 {
-                sub_saturating(&self.devices[e].held, charged + unmet);
+            if charged - repaid + unmet > 0 {
+                sub_saturating(&self.devices[e].held, charged - repaid + unmet);
             }
         }
+        self.forget_loans(i);
         // The headroom goes back with its holder.
         let token = holder_token(i, sw.generation);
         let _ = self.header.headroom_holder.compare_exchange(token, 0, AcqRel, Relaxed);
@@ -467,8 +489,8 @@ mod tests {
         // Changing this means changing VERSION: members built from different versions share files.
         assert_eq!(std::mem::size_of::<Header>(), 128);
         assert_eq!(std::mem::size_of::<Device>(), 64);
-        assert_eq!(std::mem::size_of::<Slot>(), 1600);
-        assert_eq!(LAYOUT_BYTES, 128 + 64 * 64 + 1600 * 1024);
+        assert_eq!(std::mem::size_of::<Slot>(), 1856);
+        assert_eq!(LAYOUT_BYTES, 128 + 64 * 64 + 1856 * 1024);
         assert_eq!(std::mem::offset_of!(Shared, devices) % 64, 0);
     }
 

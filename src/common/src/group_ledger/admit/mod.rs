@@ -7,16 +7,18 @@
 //!
 //! - the budget and reserves: one CAS on `held` (`held + need ≤ limit − headroom`, where `need`
 //!   is the request minus what the member's own unmet reserve covers);
-//! - the headroom: the same CAS with the whole limit, for the one member holding the headroom;
+//! - the headroom: the same CAS with the whole limit, for the one member holding the headroom
+//!   (a member that started late takes it when nobody uses it: [`Shared::try_take_headroom`]);
 //! - `equal`: one CAS on the member's own charge (`charge + size ≤ share`, share = budget / N);
 //! - `priority`: a member that does not fit takes unmet reserve of lower priorities, each piece
 //!   with one CAS on that member's `unmet` (a piece is had by exactly one side), then decides on
-//!   `held` as above; what it took stays counted in `held` throughout.
+//!   `held` as above; what it took stays counted in `held` throughout, and goes back to the
+//!   member it was taken from when freed (`loan`).
 //!
 //! Every step that a kill could interrupt leaves `held` (or `used`) too high: a member killed in
 //! the middle of a request costs the others at most that request until its slot is reclaimed.
 
-use super::shm::{DEVICES, Over, Policy, Rule, Shared, SlotWord, State, holder_token, sub_saturating};
+use super::shm::{DEVICES, LATE, Over, Policy, Rule, Shared, SlotWord, State, holder_token, sub_saturating};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
 /// What a granted request took: from the member's own unmet reserve (`own`), from `held`
@@ -88,7 +90,7 @@ fn take_own(d: &super::shm::Device, unmet: &AtomicU64, v: u64) -> u64 {
 }
 
 /// Puts `v` back into an unmet reserve (and the device's sum), up to `cap`; returns it.
-fn give_unmet(d: &super::shm::Device, unmet: &AtomicU64, v: u64, cap: u64) -> u64 {
+pub(super) fn give_unmet(d: &super::shm::Device, unmet: &AtomicU64, v: u64, cap: u64) -> u64 {
     let back = refill(unmet, v, cap);
     if back > 0 {
         d.unmet.fetch_add(back, AcqRel);
@@ -144,6 +146,9 @@ impl Shared {
     #[inline(always)]
     pub fn charge(&self, i: usize, e: usize, size: u64) -> Result<(), Over> {
         let t = self.admit(i, e, size)?;
+        if !t.stolen.is_empty() {
+            self.lend(i, e, &t.stolen);
+        }
         let d = &self.devices[e];
         note_peak(d, t.held_after);
         if t.headroom > 0 {
@@ -172,7 +177,11 @@ impl Shared {
     /// Whether [`Shared::charge`] would grant `size` now, leaving the ledger as it was: for a
     /// replay judging a request that the recorded run refused (a ledger nobody else writes).
     pub fn probe(&self, i: usize, e: usize, size: u64) -> Result<(), Over> {
-        let t = self.admit(i, e, size)?;
+        let holder = self.header.headroom_holder.load(Acquire);
+        let t = self.admit(i, e, size);
+        // A late member may have taken the headroom to answer: put it back.
+        self.header.headroom_holder.store(holder, Release);
+        let t = t?;
         let (d, s) = (&self.devices[e], &self.slots[i]);
         sub_saturating(&s.charge[e], size);
         sub_saturating(&d.held, t.added);
@@ -184,6 +193,25 @@ impl Shared {
     /// The rules of [`Shared::charge`]: on success the request is charged and `held` raised.
     #[inline(always)]
     fn admit(&self, i: usize, e: usize, size: u64) -> Result<Taken, Over> {
+        match self.admit_once(i, e, size) {
+            Err(over) => self.admit_as_holder(i, e, size, over),
+            ok => ok,
+        }
+    }
+
+    /// A refused member that started late takes the headroom if nobody uses it and asks again
+    /// (once): the "+1" job fits whoever held the headroom idle before it.
+    #[cold]
+    fn admit_as_holder(&self, i: usize, e: usize, size: u64, over: Over) -> Result<Taken, Over> {
+        let late = self.slots[i].flags.load(Acquire) & LATE != 0;
+        if !late || self.headroom(e) == 0 || self.holds_headroom(i) || !self.try_take_headroom(i) {
+            return Err(over);
+        }
+        self.admit_once(i, e, size)
+    }
+
+    #[inline(always)]
+    fn admit_once(&self, i: usize, e: usize, size: u64) -> Result<Taken, Over> {
         let (d, s) = (&self.devices[e], &self.slots[i]);
         let (limit, budget, headroom) = self.budget(i, e);
         // The member's own unmet reserve first: that part is in `held` already.
@@ -274,15 +302,17 @@ impl Shared {
     }
 
     /// Gives back up to `size` of what slot `i` holds on `e`; returns what was given back. Never
-    /// more than the slot holds. The member's reserve fills up again first (it is kept for it
+    /// more than the slot holds. What the member borrowed from lower priorities goes back to
+    /// its lenders first, then its own reserve fills up again (both are kept for their owner
     /// while it lives), the rest leaves `held`.
     #[inline]
     pub fn uncharge(&self, i: usize, e: usize, size: u64) -> u64 {
         let (d, s) = (&self.devices[e], &self.slots[i]);
         let taken = sub_saturating(&s.charge[e], size);
+        let repaid = if s.loans_on.load(Relaxed) & (1 << e) == 0 { 0 } else { self.repay(i, e, taken) };
         let r = s.reserve[e].load(Relaxed);
-        let back = if r == 0 { 0 } else { give_unmet(d, &s.unmet[e], taken, r.saturating_sub(s.charge[e].load(Acquire))) };
-        sub_saturating(&d.held, taken - back);
+        let back = if r == 0 { 0 } else { give_unmet(d, &s.unmet[e], taken - repaid, r.saturating_sub(s.charge[e].load(Acquire))) };
+        sub_saturating(&d.held, taken - repaid - back);
         taken
     }
 
@@ -395,20 +425,37 @@ impl Shared {
         (0..DEVICES).any(|e| self.used(e) > self.slots[i].charge[e].load(Acquire))
     }
 
-    /// Makes slot `i` the headroom holder if nobody (alive) holds it: for a member that starts
-    /// while other members already hold memory (a restart, the "+1" job).
+    /// Makes slot `i` the headroom holder if nobody alive holds it, or if its holder does not
+    /// use it (no device's `held` is above its limit less its headroom): for a member that
+    /// started while other members held memory (a restart, the "+1" job), at its start and when
+    /// a request of its own needs the headroom. So the member that gets the headroom is the
+    /// late starter that needs it, whatever the order the group started in, and a holder that
+    /// does not use it keeps it only until such a member comes. A holder that uses it keeps it
+    /// while it lives (nothing is taken back).
     pub fn try_take_headroom(&self, i: usize) -> bool {
         let h = self.header.headroom_holder.load(Acquire);
+        let me = holder_token(i, SlotWord::unpack(self.slots[i].word.load(Acquire)).generation);
+        if h == me {
+            return true;
+        }
         if h != 0 {
             let j = (h & 0xffff_ffff) as usize - 1;
             let w = self.slots.get(j).map(|s| SlotWord::unpack(s.word.load(Acquire)));
-            let still = w.is_some_and(|w| w.state != State::Free && holder_token(j, w.generation) == h);
-            if still {
+            let alive = w.is_some_and(|w| w.state != State::Free && holder_token(j, w.generation) == h);
+            if alive && self.headroom_in_use() {
                 return false;
             }
         }
-        let me = holder_token(i, SlotWord::unpack(self.slots[i].word.load(Acquire)).generation);
         self.header.headroom_holder.compare_exchange(h, me, AcqRel, Relaxed).is_ok()
+    }
+
+    /// Whether any device holds more than its limit less its headroom: someone (the holder, or
+    /// one that held it before) uses the headroom.
+    fn headroom_in_use(&self) -> bool {
+        self.devices.iter().enumerate().any(|(e, d)| {
+            let (limit, headroom) = (d.limit.load(Acquire), self.headroom(e));
+            limit > 0 && headroom > 0 && d.held.load(Acquire) > limit.saturating_sub(headroom)
+        })
     }
 }
 

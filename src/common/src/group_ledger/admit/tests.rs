@@ -249,3 +249,149 @@ fn a_probe_answers_as_a_charge_would_and_changes_nothing() {
         }
     }
 }
+
+/// Issue 25 item 1: what a higher priority took from a lower member's unmet reserve goes back to
+/// that member when freed, not to the common pool, where an equal priority could take it.
+#[test]
+fn what_a_higher_priority_borrowed_goes_back_to_its_lender() {
+    let s = fresh(Policy::Priority, 1000);
+    let (l, h, m) = (member(s, 10, 0), member(s, 11, 10), member(s, 12, 0));
+    s.claim_reserve(l, 0, 600).unwrap();
+    s.charge(h, 0, 1000).unwrap();
+    assert_eq!((s.slots[l].unmet[0].load(Relaxed), s.borrowed(h, 0)), (0, 600));
+    s.uncharge(h, 0, 1000);
+    assert_eq!((s.slots[l].unmet[0].load(Relaxed), dev(s).held.load(Relaxed), s.borrowed(h, 0)), (600, 600, 0));
+    assert!(matches!(rule(s.charge(m, 0, 1000)), Rule::Reserved { bytes: 600, pid: 10, .. }));
+    s.charge(m, 0, 400).unwrap();
+    s.charge(l, 0, 600).unwrap();
+    assert_eq!(dev(s).held.load(Relaxed), 1000);
+}
+
+/// Each loan goes back to the member it was taken from: B (3) took L1's (0) reserve, H (10)
+/// took L2's (5); B's free refills L1, never L2 (which B could not have taken).
+#[test]
+fn a_loan_goes_back_to_its_own_lender_and_not_to_another() {
+    let s = fresh(Policy::Priority, 300);
+    let (l1, l2, b, h) = (member(s, 20, 0), member(s, 21, 5), member(s, 22, 3), member(s, 23, 10));
+    s.claim_reserve(l1, 0, 100).unwrap();
+    s.claim_reserve(l2, 0, 100).unwrap();
+    s.charge(b, 0, 200).unwrap();
+    s.charge(h, 0, 100).unwrap();
+    assert_eq!((s.borrowed(b, 0), s.borrowed(h, 0)), (100, 100));
+    s.uncharge(b, 0, 150);
+    assert_eq!((s.slots[l1].unmet[0].load(Relaxed), s.slots[l2].unmet[0].load(Relaxed)), (100, 0));
+    assert_eq!(dev(s).held.load(Relaxed), 250, "B's other 50 left the group");
+    s.uncharge(h, 0, 40);
+    assert_eq!(s.slots[l2].unmet[0].load(Relaxed), 40);
+    // H dies with 60 still borrowed: they go back to L2 as H is reclaimed.
+    s.reclaim(h, s.slots[h].word.load(Relaxed), 1);
+    assert_eq!((s.slots[l2].unmet[0].load(Relaxed), dev(s).held.load(Relaxed)), (100, 250));
+}
+
+/// A lender that is gone gets nothing back (its reserve left with it); one that refilled its
+/// reserve by freeing memory of its own takes back no more than its reserve.
+#[test]
+fn a_loan_never_refills_a_dead_lender_nor_past_a_reserve() {
+    let s = fresh(Policy::Priority, 100);
+    let (l, h) = (member(s, 30, 0), member(s, 31, 9));
+    s.claim_reserve(l, 0, 50).unwrap();
+    s.charge(h, 0, 100).unwrap();
+    s.reclaim(l, s.slots[l].word.load(Relaxed), 1);
+    assert_eq!(dev(s).held.load(Relaxed), 100);
+    let again = member(s, 32, 0);
+    assert_eq!(again, l, "the slot is taken again: another member, another generation");
+    s.uncharge(h, 0, 100);
+    assert_eq!((s.slots[again].unmet[0].load(Relaxed), dev(s).held.load(Relaxed)), (0, 0));
+    // The lender frees its own memory while its loan is out (its reserve fills again from
+    // that), then grows to its whole reserve: the borrower's free then gives it nothing more.
+    let s = fresh(Policy::Priority, 200);
+    let (l, h, m) = (member(s, 40, 0), member(s, 41, 9), member(s, 42, 0));
+    s.claim_reserve(l, 0, 50).unwrap();
+    s.charge(l, 0, 20).unwrap();
+    s.charge(m, 0, 50).unwrap();
+    s.charge(h, 0, 130).unwrap();
+    assert_eq!(s.borrowed(h, 0), 30);
+    s.uncharge(l, 0, 20);
+    assert_eq!(s.slots[l].unmet[0].load(Relaxed), 20, "its own frees fill its reserve");
+    s.uncharge(m, 0, 50);
+    s.charge(l, 0, 50).unwrap();
+    assert_eq!((s.slots[l].unmet[0].load(Relaxed), dev(s).held.load(Relaxed)), (0, 180));
+    s.uncharge(h, 0, 130);
+    assert_eq!((s.slots[l].unmet[0].load(Relaxed), dev(s).held.load(Relaxed), s.borrowed(h, 0)), (0, 50, 0));
+}
+
+/// A member joining a group with a headroom of 240 in a budget of 1200 (the documented "+1"
+/// example, in MiB).
+fn start(s: &Shared, pid: u32) -> usize {
+    let i = member(s, pid, 0);
+    let req = crate::group_ledger::join::Request { policy: None, priority: 0, headroom: Some(&[240]), reserve: &[] };
+    s.join(i, &[0], &req, &|_| {}).unwrap();
+    i
+}
+
+/// Issue 25 item 2: four jobs of 240 started one after another, then a fifth (or a restart whose
+/// predecessor still holds its memory): it fits whoever held the headroom before it, in any
+/// start order; the first member never uses the headroom, and a sixth finds it in use.
+#[test]
+fn the_plus_one_job_fits_whatever_the_start_order() {
+    // One after another: each starts once the one before holds its memory.
+    let s = fresh(Policy::Shared, 1200);
+    let first = start(s, 1);
+    s.charge(first, 0, 240).unwrap();
+    let mut jobs = vec![first];
+    for pid in 2..=4 {
+        let j = start(s, pid);
+        s.charge(j, 0, 240).unwrap();
+        jobs.push(j);
+    }
+    assert!(matches!(rule(s.charge(first, 0, 1)), Rule::Headroom { headroom: 240 }), "the first never uses it");
+    let fifth = start(s, 5);
+    s.charge(fifth, 0, 240).unwrap();
+    assert_eq!(dev(s).held.load(Relaxed), 1200);
+    let sixth = start(s, 6);
+    assert!(s.charge(sixth, 0, 1).is_err(), "the headroom is in use: nothing for a sixth");
+    // The fifth exits; a restart of the fourth while the fourth still drains fits too.
+    s.reclaim(fifth, s.slots[fifth].word.load(Relaxed), 1);
+    s.reclaim(sixth, s.slots[sixth].word.load(Relaxed), 1);
+    let restart = start(s, 7);
+    s.charge(restart, 0, 240).unwrap();
+
+    // All four late, the holder (the last to start) allocates first: the fourth to allocate
+    // needs the headroom and takes it from the holder, which does not use it.
+    let s = fresh(Policy::Shared, 1200);
+    let first = start(s, 1);
+    s.charge(first, 0, 240).unwrap();
+    let late: Vec<usize> = (2..=5).map(|pid| start(s, pid)).collect();
+    assert!(s.holds_headroom(late[3]), "the last to start holds it");
+    for &j in [late[3], late[0], late[1]].iter() {
+        s.charge(j, 0, 240).unwrap();
+    }
+    s.charge(late[2], 0, 240).unwrap();
+    assert!(s.holds_headroom(late[2]) && dev(s).held.load(Relaxed) == 1200);
+
+    // None late (the four started before any held memory): the fifth is the late one.
+    let s = fresh(Policy::Shared, 1200);
+    let four: Vec<usize> = (1..=4).map(|pid| start(s, pid)).collect();
+    for &j in &four {
+        s.charge(j, 0, 240).unwrap();
+    }
+    let fifth = start(s, 5);
+    s.charge(fifth, 0, 240).unwrap();
+}
+
+/// A holder that used the headroom and freed it keeps no claim on it: the next late starter
+/// that needs it gets it. One that uses it keeps it (nothing is taken back).
+#[test]
+fn an_idle_holder_does_not_keep_the_headroom() {
+    let s = fresh(Policy::Shared, 1200);
+    let first = start(s, 1);
+    s.charge(first, 0, 960).unwrap();
+    let a = start(s, 2);
+    s.charge(a, 0, 240).unwrap();
+    let b = start(s, 3);
+    assert!(!s.holds_headroom(b) && s.charge(b, 0, 1).is_err(), "A uses it");
+    s.uncharge(a, 0, 240);
+    s.charge(b, 0, 240).unwrap();
+    assert!(s.holds_headroom(b) && !s.holds_headroom(a));
+    assert!(s.charge(a, 0, 1).is_err(), "A lost it to B, which uses it");
+}
