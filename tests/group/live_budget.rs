@@ -19,7 +19,13 @@ fn member(dir: &Path, name: &str, limit: Option<&str>) -> Run {
 }
 
 fn limit_cmd(dir: &Path, name: &str, spec: Option<&str>) -> Command {
-    let mut c = Command::new(vramcap_bin());
+    limit_cmd_of(Path::new(vramcap_bin()), dir, name, spec)
+}
+
+/// The same with a given binary: another uid runs the copy every user can reach
+/// (`sidecar_support::reachable`), since a checkout under a private directory is out of its reach.
+fn limit_cmd_of(bin: &Path, dir: &Path, name: &str, spec: Option<&str>) -> Command {
+    let mut c = Command::new(bin);
     c.args(["limit", "--group", name, "--group-dir", dir.to_str().unwrap()]);
     c.args(spec);
     c
@@ -117,13 +123,13 @@ fn another_uid_cannot_change_a_group_it_does_not_own_even_through_the_ledgers_un
     assert_eq!(unsafe { libc::chown(c.as_ptr(), 0, 65534) }, 0);
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     use std::os::unix::process::CommandExt;
-    let o = limit_cmd(&dir, "owned", Some("64m")).uid(65534).gid(65534).output().unwrap();
+    let o = limit_cmd_of(&vramcap_tests::sidecar_support::reachable().vramcap, &dir, "owned", Some("64m")).uid(65534).gid(65534).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(err.contains("belongs to uid 0; only that uid or root may change its budget") && err.contains("nothing changed"), "{err}");
     assert_eq!(ledger_limit(&dir, "owned"), GIB, "nothing changed");
     // Control: the same uid may read it.
-    let o = limit_cmd(&dir, "owned", None).uid(65534).gid(65534).output().unwrap();
+    let o = limit_cmd_of(&vramcap_tests::sidecar_support::reachable().vramcap, &dir, "owned", None).uid(65534).gid(65534).output().unwrap();
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("limit 1.0 GiB"), "{o:?}");
     a.sigkill();
 }
