@@ -109,6 +109,16 @@ struct fc_ctx {
 };
 /* Current context of the calling thread, or NULL. */
 struct fc_ctx *fc_current_ctx(void);
+/* Primary contexts (context.c): one more reference, one less (the last resets it, freeing its
+ * memory); green.c retains one per green context. */
+struct fc_ctx *fc_primary_retain(int dev);
+CUresult fc_primary_release(int dev);
+/* Whether c is the CUcontext of a live green context (green.c). */
+int fc_green_ctx_valid(struct fc_ctx *c);
+/* dev's primary context ended (its last release, a reset): what was allocated in the device's green
+ * contexts, destroyed ones included, is the primary context's memory and goes with it (green.c;
+ * g_ctx_lock held). Kept off the allocation path: blocks record the context current at allocation. */
+void fc_green_primary_ended(int dev);
 
 /* Per-device statistics; updated by the allocator. */
 struct fc_devstats {

@@ -77,7 +77,12 @@
     X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, 0) \
     X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, 0) \
     X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, 0) \
-    X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020, 0)
+    X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020, 0) \
+    X(cuDeviceGetDevResource, "cuDeviceGetDevResource", 12040, 0) \
+    X(cuDevResourceGenerateDesc, "cuDevResourceGenerateDesc", 12040, 0) \
+    X(cuGreenCtxCreate, "cuGreenCtxCreate", 12040, 0) \
+    X(cuCtxFromGreenCtx, "cuCtxFromGreenCtx", 12040, 0) \
+    X(cuGreenCtxDestroy, "cuGreenCtxDestroy", 12040, 0)
 /* Pool lifetimes, stream devices, graphs and graph memory (ops_pool.c). */
 #define CLIENT_POOL(X) \
     X(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, 0) \

@@ -7,7 +7,7 @@
 
 use crate::dl::Slot;
 use crate::ffi::*;
-use crate::intercept::{arrays, context, graph, host, init, mem, nvml, pool, procaddr, vmm};
+use crate::intercept::{arrays, context, graph, green, host, init, mem, nvml, pool, procaddr, vmm};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -294,6 +294,14 @@ hook_table! {
             => context::create_v4;
     Cuda "cuCtxAttach" 2000 false fn cuCtxAttach(pctx: *mut CUcontext, flags: c_uint) -> CUresult => context::attach;
     Cuda "cuCtxDetach" 2000 false fn cuCtxDetach(ctx: CUcontext) -> CUresult => context::detach;
+    /// Green contexts share the primary context's memory: what is allocated in one goes when the
+    /// primary context ends (a green context's destroy releases it).
+    Cuda "cuGreenCtxCreate" 12040 false
+        fn cuGreenCtxCreate(g: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice, flags: c_uint) -> CUresult
+            => green::create;
+    Cuda "cuCtxFromGreenCtx" 12040 false
+        fn cuCtxFromGreenCtx(pctx: *mut CUcontext, g: CUgreenCtx) -> CUresult => green::to_context;
+    Cuda "cuGreenCtxDestroy" 12040 false fn cuGreenCtxDestroy(g: CUgreenCtx) -> CUresult => green::destroy;
 
     // Traced, not counted: host memory and memory another process owns.
     Cuda "cuMemHostAlloc" 2020 false
@@ -385,6 +393,9 @@ pub const PASS_UNKNOWN_VARIANTS: &[&str] = &[
     "cuCtxDetach",
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease",
+    "cuGreenCtxCreate",
+    "cuCtxFromGreenCtx",
+    "cuGreenCtxDestroy",
     // Pool look-ups and settings: an unregistered pool is matched or denied when it allocates.
     "cuDeviceGetDefaultMemPool",
     "cuDeviceGetMemPool",

@@ -8,6 +8,7 @@ pub mod context;
 pub mod handles;
 pub mod graph;
 pub mod graph_nodes;
+pub mod green;
 pub mod host;
 pub mod init;
 pub mod location;
