@@ -387,6 +387,21 @@ CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice de
 CUresult cuCtxFromGreenCtx(CUcontext *pContext, CUgreenCtx hCtx);
 CUresult cuGreenCtxDestroy(CUgreenCtx hCtx);
 
+/* Prefetches of managed memory (managed.c): v1 takes a device (CU_DEVICE_CPU = -1: the host),
+ * _v2 (CUDA 12.2; CUDA 13's cuMemPrefetchAsync) a location; the CUDA 13 batch forms. */
+CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream);
+CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream);
+CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                               CUstream hStream);
+CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                                    CUstream hStream);
+#define CU_MEM_PREFETCH_BATCH_ARGS CUdeviceptr *dptrs, size_t *sizes, size_t count, CUmemLocation *prefetchLocs, \
+    size_t *prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream
+CUresult cuMemPrefetchBatchAsync(CU_MEM_PREFETCH_BATCH_ARGS);
+CUresult cuMemPrefetchBatchAsync_ptsz(CU_MEM_PREFETCH_BATCH_ARGS);
+CUresult cuMemDiscardAndPrefetchBatchAsync(CU_MEM_PREFETCH_BATCH_ARGS);
+CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(CU_MEM_PREFETCH_BATCH_ARGS);
+
 /* Copies numba-cuda uses (copies.c). */
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n);
 CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n);

@@ -130,6 +130,10 @@ extern struct fc_devstats fc_stats[FC_MAX_DEVICES];
 void fc_mem_config_fail(long long nth, int code); /* from FAKECUDA_FAIL_ALLOC */
 CUresult fc_mem_inject(void);                      /* the armed failure, or 0 */
 int fc_mem_charge(int dev, long long delta);      /* 0 ok, -1 does not fit */
+int fc_mem_account(int dev, long long delta, int live_delta); /* fc_mem_charge, live count given */
+/* Managed memory (managed.c): cuMemFree of one (0; -1: not managed memory), a context's end. */
+int fc_managed_free(uintptr_t p);
+void fc_managed_ctx_gone(struct fc_ctx *c);
 /* FAKECUDA_SHARED_DEVICE: one allocation's or free's bytes on the counters shared by processes. */
 void fc_shared_device_account(int devno, long long delta);
 CUresult fc_mem_alloc_cur(CUdeviceptr *dptr, size_t size); /* cuMemAlloc_v2 semantics */

@@ -1,6 +1,6 @@
 /*
- * vmm.c - the other ways to get memory from the fake driver: pitched and
- * managed allocations, virtual memory management (cuMemCreate/cuMemMap...)
+ * vmm.c - the other ways to get memory from the fake driver: pitched
+ * allocations (managed memory: managed.c), virtual memory management (cuMemCreate/cuMemMap...)
  * with POSIX file-descriptor shareable handles, page-locked host memory and
  * IPC (arrays: arrays.c).
  *
@@ -34,15 +34,6 @@ FC_API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     if (rc == CUDA_SUCCESS)
         *pitch = p;
     return rc;
-}
-
-/* Managed memory lives on the device it was allocated from (no migration). */
-FC_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
-{
-    FC_COUNT(cuMemAllocManaged);
-    if (flags != 1 && flags != 2)       /* CU_MEM_ATTACH_GLOBAL / _HOST */
-        return fc_initialized() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
-    return fc_mem_alloc_cur(dptr, bytesize);
 }
 
 /* ---------------------------------------------------------------- VMM */

@@ -7,7 +7,7 @@
 
 use crate::dl::Slot;
 use crate::ffi::*;
-use crate::intercept::{arrays, context, graph, green, host, init, mem, nvml, pool, procaddr, vmm};
+use crate::intercept::{arrays, context, graph, green, host, init, managed, mem, nvml, pool, procaddr, vmm};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,7 +150,35 @@ hook_table! {
         fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint)
             -> CUresult => mem::alloc_pitch_v2;
     Cuda "cuMemAllocManaged" 6000 false
-        fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> CUresult => mem::alloc_managed;
+        fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> CUresult => managed::alloc;
+    /// Prefetches make managed memory resident at their destination: charged there.
+    Cuda "cuMemPrefetchAsync" 8000 false
+        fn cuMemPrefetchAsync(ptr: CUdeviceptr, len: usize, dst: CUdevice, stream: CUstream) -> CUresult
+            => managed::prefetch_v1;
+    Cuda "cuMemPrefetchAsync" 8000 true
+        fn cuMemPrefetchAsync_ptsz(ptr: CUdeviceptr, len: usize, dst: CUdevice, stream: CUstream) -> CUresult
+            => managed::prefetch_v1_ptsz;
+    Cuda "cuMemPrefetchAsync" 12020 false
+        fn cuMemPrefetchAsync_v2(ptr: CUdeviceptr, len: usize, loc: CUmemLocation, flags: c_uint, stream: CUstream)
+            -> CUresult => managed::prefetch_v2;
+    Cuda "cuMemPrefetchAsync" 12020 true
+        fn cuMemPrefetchAsync_v2_ptsz(ptr: CUdeviceptr, len: usize, loc: CUmemLocation, flags: c_uint, stream: CUstream)
+            -> CUresult => managed::prefetch_v2_ptsz;
+    Cuda "cuMemPrefetchBatchAsync" 13000 false
+        fn cuMemPrefetchBatchAsync(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, locs: *mut CUmemLocation,
+            idxs: *mut usize, nlocs: usize, flags: u64, stream: CUstream) -> CUresult => managed::prefetch_batch;
+    Cuda "cuMemPrefetchBatchAsync" 13000 true
+        fn cuMemPrefetchBatchAsync_ptsz(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+            locs: *mut CUmemLocation, idxs: *mut usize, nlocs: usize, flags: u64, stream: CUstream) -> CUresult
+            => managed::prefetch_batch_ptsz;
+    Cuda "cuMemDiscardAndPrefetchBatchAsync" 13000 false
+        fn cuMemDiscardAndPrefetchBatchAsync(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+            locs: *mut CUmemLocation, idxs: *mut usize, nlocs: usize, flags: u64, stream: CUstream) -> CUresult
+            => managed::discard_prefetch_batch;
+    Cuda "cuMemDiscardAndPrefetchBatchAsync" 13000 true
+        fn cuMemDiscardAndPrefetchBatchAsync_ptsz(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+            locs: *mut CUmemLocation, idxs: *mut usize, nlocs: usize, flags: u64, stream: CUstream) -> CUresult
+            => managed::discard_prefetch_batch_ptsz;
     /// Legacy 32-bit ABI (CUDA < 3.2 callers).
     Cuda "cuMemAllocPitch" 2000 false
         fn cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint)

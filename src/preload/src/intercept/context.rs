@@ -38,7 +38,7 @@ static USES: Lock<Option<HashMap<u64, u32>>> = Lock::new(None);
 static PRIMARY: [AtomicU64; ledger::MAX_DEVICES] = [const { AtomicU64::new(0) }; ledger::MAX_DEVICES];
 
 /// What a context takes with it: the kinds of memory the driver frees at its end.
-const CONTEXT_OWNED: [Kind; 2] = [Kind::DevicePtr, Kind::Array];
+const CONTEXT_OWNED: [Kind; 3] = [Kind::DevicePtr, Kind::Array, Kind::Managed];
 
 /// Taken around every context lifetime call (green contexts' too, `super::green`).
 pub(super) fn serial() -> Guard<'static, Option<HashMap<u64, u32>>> {
@@ -55,6 +55,7 @@ pub(super) fn release_contexts(api: Hook, ctxs: &[u64]) {
         ledger::release(c.dev as usize, c.size);
         emit(Op::Free, api, c.dev as i32, key, c.size, Timed::instant(CUDA_SUCCESS), ledger::used(c.dev as usize));
     }
+    super::managed::contexts_ended(ctxs);
 }
 
 /// After the driver ended these contexts.
@@ -73,6 +74,7 @@ pub(super) fn rekey(from: u64, to: u64) {
     for (kind, key, c) in ledger::drain(&CONTEXT_OWNED, |c| c.ctx == from) {
         ledger::insert(kind, key, ledger::Charge { ctx: to, ..c });
     }
+    super::managed::rekey(from, to);
 }
 
 /// Charges of a context that the coming driver call will end, taken out before the call: the
@@ -356,10 +358,13 @@ fn install_fork_handlers() {
         USES.reset_in_child();
     }
     FORK_HANDLERS.call_once(|| unsafe {
-        // This lock is taken before ledger locks (the drain) and the VMM table's (never inside
-        // it): register after both, so that prepare takes it first.
+        // This lock is taken before ledger locks (the drain), the VMM table's (never inside it)
+        // and the managed-memory table's: register after them, so that prepare takes it first.
         ledger::install_fork_handlers();
         super::handles::install_fork_handlers();
+        // The managed-memory table is taken inside this lock too (a context's end forgets its
+        // allocations).
+        super::managed::install_fork_handlers();
         libc::pthread_atfork(Some(prepare), Some(parent), Some(child));
     });
 }

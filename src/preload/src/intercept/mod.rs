@@ -12,6 +12,7 @@ pub mod green;
 pub mod host;
 pub mod init;
 pub mod location;
+pub mod managed;
 pub mod mem;
 pub mod nvml;
 pub mod nvml_early;
