@@ -95,7 +95,9 @@ fn apply(cfg: &config::Config, devices: &[DeviceInfo]) -> Result<(), String> {
     let mut limits = cfg.limits.resolve(devices).map_err(|e| e.to_string())?;
     if let Some(c) = &cfg.ceiling {
         let ceiling = c.limits.resolve(devices).map_err(|e| e.to_string())?;
-        say_capped("VRAMCAP_LIMIT", &c.path, config::ceiling::cap(&mut limits, &ceiling), &ceiling);
+        let raised = config::ceiling::cap(&mut limits, &ceiling);
+        crate::observe::set_from_ceiling(&raised, limits.len());
+        say_capped("VRAMCAP_LIMIT", &c.path, raised, &ceiling);
     }
     for (d, &l) in limits.iter().enumerate() {
         ledger::set_limit(d, l);

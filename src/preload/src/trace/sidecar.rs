@@ -194,6 +194,7 @@ impl Sidecar {
                         limit: ledger::limit(d),
                         peak: ledger::peak(d),
                         denied: self.tally.denied.get(d).copied().unwrap_or(0),
+                        would_deny: crate::observe::count(d),
                         group_limit: group.map(|g| g.0),
                         group_used: group.map(|g| g.1),
                         sharing,

@@ -324,7 +324,7 @@ fn a_loan_never_refills_a_dead_lender_nor_past_a_reserve() {
 /// example, in MiB).
 fn start(s: &Shared, pid: u32) -> usize {
     let i = member(s, pid, 0);
-    let req = crate::group_ledger::join::Request { policy: None, priority: 0, headroom: Some(&[240]), reserve: &[] };
+    let req = crate::group_ledger::join::Request { policy: None, priority: 0, mode: crate::config::CapMode::Enforce, headroom: Some(&[240]), reserve: &[] };
     s.join(i, &[0], &req, &|_| {}).unwrap();
     i
 }
