@@ -56,6 +56,12 @@ pub fn set_from_ceiling(devices: &[usize], count: usize) {
     }
 }
 
+/// Whether the trace's summary carries `would_deny`: the process observes, or did (its group
+/// may have started enforcing since).
+pub fn summarised() -> bool {
+    configured() && (active() || COUNT.iter().any(|c| c.load(Ordering::Relaxed) > 0))
+}
+
 /// Would-be denials on `dev` so far (a forked child counts its own from 0).
 pub fn count(dev: usize) -> u64 {
     COUNT.get(dev).map_or(0, |c| c.load(Ordering::Relaxed))
@@ -126,11 +132,18 @@ fn say(api: &str, dev: usize, size: u64, d: &Denied, cap: WouldDenyCap) {
     ));
 }
 
+/// Whether this process was told that its group enforces (at its start, or since).
+static GROUP_ENFORCES_SAID: AtomicBool = AtomicBool::new(false);
+
+/// The member's start said it already (`group::sharing`): one line, not two.
+pub fn group_enforces_said() {
+    GROUP_ENFORCES_SAID.store(true, Ordering::Relaxed);
+}
+
 /// Once: this process asked for observe, and its group enforces now.
 #[cold]
 fn say_group_enforces() {
-    static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
+    if !GROUP_ENFORCES_SAID.swap(true, Ordering::Relaxed) {
         write_line(&format!(
             "vramcap: group \"{}\" enforces its budget (a member that enforces joined it): this process's allocations \
              that do not fit are refused, VRAMCAP_MODE=observe notwithstanding",

@@ -64,10 +64,13 @@ pub fn join(s: &Shared, slot: usize, name: &str, cfg: &GroupConfig, devices: &[D
 fn say_mode(name: &str, m: Option<ModeJoin>) {
     match m {
         None => {}
-        Some(ModeJoin::AdoptedEnforce) => crate::log::write_line(&format!(
+        Some(ModeJoin::AdoptedEnforce) => {
+            crate::observe::group_enforces_said();
+            crate::log::write_line(&format!(
             "vramcap: group \"{name}\" enforces its budget (set by its first member): this process enforces too, \
              not VRAMCAP_MODE=observe (a group observes only when all its members do; docs/configuration.md)"
-        )),
+            ))
+        }
         Some(ModeJoin::GroupNowEnforces) => crate::log::write_line(&format!(
             "vramcap: group \"{name}\" was in observe mode and this process enforces (VRAMCAP_MODE is not observe): \
              the group enforces its budget from now on, for every member (a member cannot observe while another enforces)"

@@ -310,7 +310,7 @@ fn summary() -> Summary {
         peak: (0..n).map(|d| (d.to_string(), ledger::peak(d))).collect(),
         used: (0..n).map(|d| (d.to_string(), ledger::used(d))).collect(),
         denied: Some((0..n).map(|d| (d.to_string(), crate::denials::count(d))).collect()),
-        would_deny: crate::observe::configured().then(|| (0..n).map(|d| (d.to_string(), crate::observe::count(d))).collect()),
+        would_deny: crate::observe::summarised().then(|| (0..n).map(|d| (d.to_string(), crate::observe::count(d))).collect()),
         group,
     }
 }
