@@ -100,7 +100,8 @@ fn reread() -> Result<(), String> {
     let cl = c.ceiling.as_ref().ok_or_else(|| keep("it sets no ceiling".into()))?;
     let mut limits = c.limits.resolve(devices).map_err(|e| keep(e.to_string()))?;
     let file_limits = cl.limits.resolve(devices).map_err(|e| keep(e.to_string()))?;
-    crate::observe::set_from_ceiling(&ceiling::cap(&mut limits, &file_limits), limits.len());
+    ceiling::cap(&mut limits, &file_limits);
+    crate::observe::set_from_ceiling(&limits, &file_limits);
     let group = cl.group_limits.resolve(devices).map_err(|e| keep(e.to_string()))?;
     // The members' own group budget, bounded by the new ceiling (the newest setting wins, an
     // operator's `vramcap limit` stays).

@@ -49,10 +49,13 @@ pub fn physical_view() -> bool {
     active()
 }
 
-/// Records which devices' limits came from the ceiling file (at start and when it changes).
-pub fn set_from_ceiling(devices: &[usize], count: usize) {
-    for (d, f) in FROM_CEILING.iter().enumerate().take(count.min(MAX_DEVICES)) {
-        f.store(devices.contains(&d), Ordering::Relaxed);
+/// Records which devices' limits are the ceiling file's (at start and when it changes): where
+/// the process's limit, as capped, is the file's (the environment asked for more, the same or
+/// none), the file would have refused what the limit refuses.
+pub fn set_from_ceiling(limits: &[u64], ceiling: &[u64]) {
+    for (d, f) in FROM_CEILING.iter().enumerate().take(limits.len()) {
+        let c = ceiling.get(d).copied().unwrap_or(0);
+        f.store(c != 0 && limits[d] == c, Ordering::Relaxed);
     }
 }
 

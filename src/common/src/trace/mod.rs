@@ -108,7 +108,7 @@ pub enum WouldDenyCap {
     Process = 1,
     /// The group's budget (or a rule of its sharing policy).
     Group = 2,
-    /// The machine's ceiling file's limit.
+    /// The machine's ceiling file's limit (the process's limit is the file's).
     Ceiling = 3,
 }
 

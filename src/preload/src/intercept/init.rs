@@ -95,9 +95,8 @@ fn apply(cfg: &config::Config, devices: &[DeviceInfo]) -> Result<(), String> {
     let mut limits = cfg.limits.resolve(devices).map_err(|e| e.to_string())?;
     if let Some(c) = &cfg.ceiling {
         let ceiling = c.limits.resolve(devices).map_err(|e| e.to_string())?;
-        let raised = config::ceiling::cap(&mut limits, &ceiling);
-        crate::observe::set_from_ceiling(&raised, limits.len());
-        say_capped("VRAMCAP_LIMIT", &c.path, raised, &ceiling);
+        say_capped("VRAMCAP_LIMIT", &c.path, config::ceiling::cap(&mut limits, &ceiling), &ceiling);
+        crate::observe::set_from_ceiling(&limits, &ceiling);
     }
     for (d, &l) in limits.iter().enumerate() {
         ledger::set_limit(d, l);
