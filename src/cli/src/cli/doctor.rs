@@ -290,7 +290,7 @@ fn check_mode(c: &mut Checks, vars: &[(String, String)]) {
     if cfg.error.is_some() {
         return; // another input is invalid: reported by its own check
     }
-    let group = if cfg.group.is_some() { "; in a group only while every member observes (docs/configuration.md)" } else { "" };
+    let group = if cfg.group.is_some() { "; a group observes only while every member observes (docs/configuration.md)" } else { "" };
     match (cfg.mode, cfg.mode_origin) {
         (CapMode::Observe, ModeOrigin::CeilingFile) => c.info(
             "mode",
