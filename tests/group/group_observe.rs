@@ -87,7 +87,7 @@ fn a_member_that_enforces_makes_an_observing_group_enforce() {
     assert_eq!(a.wait_for("alloc").rc(), 2, "the group enforces for every member");
     assert_eq!(a.wait_for("info").num("total"), GIB, "and the view is the group's again");
     let out = a.child_stderr_after_finish();
-    assert!(out.contains("enforces its budget (a member that enforces joined it)"), "{out}");
+    assert!(out.contains("enforces its budget now (a member that enforces joined it"), "{out}");
 }
 
 #[test]
@@ -100,4 +100,50 @@ fn a_group_whose_members_are_gone_takes_its_next_first_members_mode() {
         assert_eq!(observing(&dir, "reset"), mode.is_some(), "{mode:?}");
         assert!(!out.stderr.contains("enforces its budget"), "{mode:?}: nobody else was running: {}", out.stderr);
     }
+}
+
+/// The operator's way from observe to enforce without a restart: `vramcap limit --enforce`
+/// (the ledger's owner or root), obeyed by each member at its next allocation that does not fit.
+#[test]
+fn an_operator_turns_an_observing_group_to_enforce() {
+    let (dir, t) = (private_group_dir(), tmpdir("observe-group-operator"));
+    let go = t.join("go");
+    let mut a = member("client_procaddr", &dir, "op", Some("observe"), &t.join("a.jsonl"))
+        .args([format!("init ctx 0 alloc 800m alloc 400m info waitfile {} alloc 400m info", go.display())])
+        .spawn();
+    assert_eq!((a.wait_for("alloc").rc(), a.wait_for("alloc").rc()), (0, 0), "observed");
+    assert_eq!(a.wait_for("info").num("total"), 16 * GIB);
+    let limit = |args: &[&str]| {
+        let out = std::process::Command::new(vramcap_bin()).args(["limit", "--group", "op", "--group-dir", dir.to_str().unwrap()]).args(args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(limit(&[]).contains("mode: observe"), "shown");
+    if unsafe { libc::geteuid() } == 0 {
+        // Another uid, even one the ledger's Unix group lets open the file, changes nothing.
+        use std::os::unix::process::CommandExt;
+        let path = file::path_for(dir.to_str().unwrap(), "op");
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::chown(c.as_ptr(), 0, 65534) }, 0);
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let o = std::process::Command::new(&vramcap_tests::sidecar_support::reachable().vramcap)
+            .args(["limit", "--group", "op", "--group-dir", dir.to_str().unwrap(), "--enforce"])
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("only that uid or root may change its budget or mode") && err.contains("nothing changed"), "{err}");
+        assert!(observing(&dir, "op"), "still observing");
+    }
+    assert!(limit(&["--enforce"]).contains("group \"op\": mode observe -> enforce"));
+    assert!(limit(&[]).contains("mode: enforce\n"));
+    assert!(!observing(&dir, "op"));
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(a.wait_for("alloc").rc(), 2, "refused from its next allocation that does not fit");
+    assert_eq!(a.wait_for("info").num("total"), GIB, "the group's view again");
+    let err = a.child_stderr_after_finish();
+    assert_eq!(err.matches("enforces its budget now").count(), 1, "{err}");
+    let trace = std::fs::read_to_string(t.join("a.jsonl")).unwrap();
+    assert_eq!((trace.matches("\"op\":\"would_deny\"").count(), trace.matches("\"op\":\"deny\"").count()), (1, 1), "{trace}");
 }

@@ -148,8 +148,8 @@ pub fn group_enforces_said() {
 fn say_group_enforces() {
     if !GROUP_ENFORCES_SAID.swap(true, Ordering::Relaxed) {
         write_line(&format!(
-            "vramcap: group \"{}\" enforces its budget (a member that enforces joined it): this process's allocations \
-             that do not fit are refused, VRAMCAP_MODE=observe notwithstanding",
+            "vramcap: group \"{}\" enforces its budget now (a member that enforces joined it, or `vramcap limit --enforce`): \
+             this process's allocations that do not fit are refused, VRAMCAP_MODE=observe notwithstanding",
             crate::group::name().unwrap_or("")
         ));
     }

@@ -132,6 +132,12 @@ impl Shared {
         }
     }
 
+    /// An operator's `vramcap limit --enforce`: the group enforces from now on (each member at
+    /// its next allocation that does not fit); returns whether it observed.
+    pub fn enforce(&self) -> bool {
+        self.header.mode.swap(MODE_ENFORCE, AcqRel) == MODE_OBSERVE
+    }
+
     /// Whether the group's members observe (`VRAMCAP_MODE=observe`, issue 26): read at each
     /// allocation that does not fit, never on the allocation path itself.
     pub fn observing(&self) -> bool {
