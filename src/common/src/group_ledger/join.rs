@@ -119,7 +119,13 @@ impl Shared {
         }
         let was = if cur == MODE_OBSERVE { CapMode::Observe } else { CapMode::Enforce };
         sweep(self);
-        if self.alone(slot) && h.mode.compare_exchange(cur, word(want), AcqRel, Acquire).is_ok() {
+        if self.alone(slot) && h.mode.compare_exchange(cur, word(want), SeqCst, SeqCst).is_ok() {
+            // A member that claimed its slot after we looked may have read the old mode and
+            // enforce on it: whoever is here now, after our write, keeps the stricter mode.
+            if want == CapMode::Observe && !self.alone(slot) {
+                let _ = h.mode.compare_exchange(MODE_OBSERVE, MODE_ENFORCE, SeqCst, SeqCst);
+                return Some(ModeJoin::AdoptedEnforce);
+            }
             return Some(ModeJoin::Reset { was });
         }
         match want {
