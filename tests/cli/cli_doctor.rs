@@ -202,3 +202,25 @@ fn bad_group_sharing_settings_are_reported() {
         assert!(out.contains("fix:"), "{env:?}: {out}");
     }
 }
+
+/// Issue 26: which mode a job started here runs in, and why.
+#[test]
+fn the_mode_in_force_and_why() {
+    let (code, out) = doctor(&[("VRAMCAP_LIMIT", "4GiB")]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(state(&out, "mode"), "OK");
+    assert!(line(&out, "mode").contains("enforce (the default)"), "{out}");
+    let (code, out) = doctor(&[("VRAMCAP_LIMIT", "4GiB"), ("VRAMCAP_MODE", "enforce")]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(line(&out, "mode").contains("enforce, by VRAMCAP_MODE=enforce in this environment"), "{out}");
+    let (code, out) = doctor(&[("VRAMCAP_LIMIT", "4GiB"), ("VRAMCAP_MODE", "observe"), ("VRAMCAP_GROUP", "pod")]);
+    assert_eq!(code, Some(0), "observe is a choice, not a problem: {out}");
+    assert_eq!(state(&out, "mode"), "--");
+    let l = line(&out, "mode");
+    assert!(l.contains("observe, by VRAMCAP_MODE=observe in this environment") && l.contains("every member observes"), "{l}");
+    let (code, out) = doctor(&[("VRAMCAP_LIMIT", "4GiB"), ("VRAMCAP_MODE", "dry-run")]);
+    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(state(&out, "mode"), "FAIL");
+    let l = line(&out, "mode");
+    assert!(l.contains("VRAMCAP_MODE") && l.contains("dry-run") && l.contains("enforce") && l.contains("observe"), "{l}");
+}

@@ -393,3 +393,25 @@ fn report_finds_a_trace_pushed_to_a_fallback_name_by_planted_files() {
     assert!(err.contains(&format!("this process writes {}", written[0].display())), "{err}");
     assert!(err.contains(&format!("== vramcap report ({})", written[0].display())) && err.contains("100.0 MiB"), "the fallback trace is not reported:\n{err}");
 }
+
+/// Issue 26: `--observe` sets VRAMCAP_MODE=observe: the job is granted what the cap would refuse,
+/// and the report says what it would have refused.
+#[test]
+fn observe_grants_and_the_report_says_what_would_have_been_refused() {
+    let d = scratch("run-observe");
+    let tmpl = d.join("t.jsonl").to_string_lossy().into_owned();
+    let c = client("client_linked");
+    for (observe, rc) in [(true, 0), (false, 2)] {
+        let mut args = vec!["run", "--limit", "1GiB", "--trace", &tmpl, "--report"];
+        if observe {
+            args.push("--observe");
+        }
+        args.extend(["--", c.as_str(), "init", "ctx", "0", "alloc", "768m", "alloc", "512m"]);
+        let out = run(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let second = text(&out.stdout).lines().filter(|l| l.starts_with("alloc ")).nth(1).map(str::to_string);
+        assert!(second.as_deref().is_some_and(|l| l.starts_with(&format!("alloc rc={rc} "))), "observe={observe}: {second:?}");
+        let err = text(&out.stderr);
+        assert_eq!(err.contains("observe mode    peak 1.2 GiB: a 1.0 GiB cap would have refused 1 allocation, the first at t="), observe, "{err}");
+    }
+}

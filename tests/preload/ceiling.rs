@@ -198,3 +198,60 @@ fn a_setuid_program_never_opens_what_its_callers_environment_names() {
         assert!(out.stderr.contains(&format!("ignoring {v}: this process runs in secure-execution mode")), "{v}: {}", out.stderr);
     }
 }
+
+/// Issue 26: the environment cannot switch a ceiling machine to observe mode (one line naming the
+/// file, and the cap enforces); only a `VRAMCAP_MODE=observe` line in the file does, a
+/// machine-wide dry run, where the environment may still choose to enforce. All three lookup
+/// paths.
+#[test]
+fn only_the_ceiling_file_turns_observe_mode_on() {
+    needs_root_ns!();
+    use vramcap_tests::observe_support::{LOOKUPS, check_trace};
+    for c in LOOKUPS {
+        let t = scratch();
+        let trace = t.join("t.jsonl");
+        let out = with_etc(&t, "VRAMCAP_LIMIT=256m\n", "0644", None, &client(c))
+            .env("VRAMCAP_MODE", "observe")
+            .env("VRAMCAP_TRACE", &trace)
+            .args(["init ctx 0 alloc 300m info"])
+            .run();
+        out.ok();
+        assert_eq!(out.nth("alloc", 0).rc(), 2, "{c}: enforced: {}", out.stderr);
+        assert_eq!(out.nth("info", 0).num("total"), 256 * MIB, "{c}");
+        let said: Vec<&str> = out.stderr.lines().filter(|l| l.contains("VRAMCAP_MODE")).collect();
+        assert_eq!(said.len(), 1, "{c}: {}", out.stderr);
+        assert!(
+            said[0].contains("ignoring VRAMCAP_MODE=\"observe\": /etc/vramcap/limits sets this machine's ceiling, and only a VRAMCAP_MODE=observe line in it"),
+            "{}",
+            said[0]
+        );
+        assert!(!std::fs::read_to_string(&trace).unwrap().contains("would_deny"), "{c}");
+
+        // The file's own line: the ceiling's limit only watches.
+        let t = scratch();
+        let trace = t.join("t.jsonl");
+        let out = with_etc(&t, "VRAMCAP_LIMIT=256m\nVRAMCAP_MODE=observe\n", "0644", None, &client(c))
+            .env("VRAMCAP_TRACE", &trace)
+            .args(["init ctx 0 alloc 300m info"])
+            .run();
+        out.ok();
+        assert_eq!(out.nth("alloc", 0).rc(), 0, "{c}: observed: {}", out.stderr);
+        assert_eq!(out.nth("info", 0).num("total"), 16 * GIB, "{c}: the physical view");
+        check_trace(&trace, &[("cuMemAlloc_v2", 300 * MIB, "ceiling", 256 * MIB, 0)]);
+        // A lower limit of the environment's is the process's cap (still observed) ...
+        let out = with_etc(&t, "VRAMCAP_LIMIT=256m\nVRAMCAP_MODE=observe\n", "0644", None, &client(c))
+            .env("VRAMCAP_LIMIT", "128m")
+            .env("VRAMCAP_TRACE", &trace)
+            .args(["init ctx 0 alloc 200m"])
+            .run();
+        assert_eq!(out.nth("alloc", 0).rc(), 0, "{c}");
+        check_trace(&trace, &[("cuMemAlloc_v2", 200 * MIB, "process", 128 * MIB, 0)]);
+        // ... and the environment may choose to enforce (stricter), without a word.
+        let out = with_etc(&t, "VRAMCAP_LIMIT=256m\nVRAMCAP_MODE=observe\n", "0644", None, &client(c))
+            .env("VRAMCAP_MODE", "enforce")
+            .args(["init ctx 0 alloc 300m"])
+            .run();
+        assert_eq!(out.nth("alloc", 0).rc(), 2, "{c}: {}", out.stderr);
+        assert!(!out.stderr.contains("VRAMCAP_MODE"), "{}", out.stderr);
+    }
+}

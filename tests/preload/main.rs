@@ -19,4 +19,5 @@ mod lifetimes_pool;
 mod locations;
 mod lookups;
 mod numba;
+mod observe;
 mod prefetch;

@@ -4,3 +4,4 @@ mod sidecar;
 mod sidecar_hostile;
 mod sidecar_identity;
 mod sidecar_load;
+mod sidecar_observe;

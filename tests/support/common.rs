@@ -277,6 +277,20 @@ impl Running {
     pub fn finish(mut self) -> std::process::ExitStatus {
         self.child.wait().unwrap()
     }
+
+    /// Waits for a successful exit and returns what the client wrote on stderr (keep it short:
+    /// nobody reads the pipe while the client runs).
+    pub fn child_stderr_after_finish(mut self) -> String {
+        use std::io::Read;
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        let st = wait_bounded(&mut self.child, Duration::from_secs(60), "client");
+        assert!(st.success(), "client failed: {st:?}
+{err}");
+        err
+    }
 }
 
 /// Waits up to `limit` for a spawned child; SIGKILLs it and fails the test on a hang.

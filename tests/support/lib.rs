@@ -4,6 +4,7 @@
 
 pub mod cli_support;
 pub mod common;
+pub mod observe_support;
 pub mod sidecar_support;
 pub mod trace_support;
 

@@ -101,6 +101,7 @@ fn reread() -> Result<(), String> {
     let mut limits = c.limits.resolve(devices).map_err(|e| keep(e.to_string()))?;
     let file_limits = cl.limits.resolve(devices).map_err(|e| keep(e.to_string()))?;
     ceiling::cap(&mut limits, &file_limits);
+    crate::observe::set_from_ceiling(&limits, &file_limits);
     let group = cl.group_limits.resolve(devices).map_err(|e| keep(e.to_string()))?;
     // The members' own group budget, bounded by the new ceiling (the newest setting wins, an
     // operator's `vramcap limit` stays).

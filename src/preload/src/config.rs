@@ -3,7 +3,7 @@
 //! (`vramcap_common::config`). Nothing else happens when it is read: which subsystems it turns on
 //! (the trace writer) is decided by the caller that needs them (`intercept::init`).
 
-pub use vramcap_common::config::{Config, Level, ceiling, privacy};
+pub use vramcap_common::config::{CapMode, Config, Level, ModeOrigin, ceiling, privacy};
 pub use vramcap_common::grammar::{group, limits, size};
 
 pub use group::GroupConfig;

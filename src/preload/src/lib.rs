@@ -12,7 +12,8 @@
 //! 2. **Bookkeeping**: [`ledger`] and [`livetable`] (per-device budgets, live allocations),
 //!    [`group`] (this process as a member of a group budget), [`events`] and [`trace`] (records
 //!    of every call, the writer thread, the sidecar stream), [`denials`] (the denial lines),
-//!    [`ceiling_watch`] (limits changed while the process runs: the ceiling file, the group's).
+//!    [`ceiling_watch`] (limits changed while the process runs: the ceiling file, the group's),
+//!    [`observe`] (observe mode: what the cap would have refused, granted and recorded).
 //! 3. **Configuration**: [`config`] (the environment and the ceiling file, read at start).
 //! 4. **Plumbing**: [`ffi`] (driver types), [`sync`] (a fork-safe lock), [`clock`], [`log`].
 
@@ -27,6 +28,7 @@ pub mod events;
 pub mod group;
 pub mod ledger;
 pub mod livetable;
+pub mod observe;
 pub mod trace;
 // 3. Configuration.
 pub mod config;
@@ -51,6 +53,7 @@ mod tests {
         ("group", 2),
         ("ledger", 2),
         ("livetable", 2),
+        ("observe", 2),
         ("trace", 2),
         ("config", 3),
         ("clock", 4),

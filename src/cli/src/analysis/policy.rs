@@ -211,7 +211,7 @@ impl Sim {
         let slot = s.claim(i as u32 + 1, self.started, 0).expect("a ledger has a slot for every trace");
         let headroom: Vec<u64> = self.devs.iter().map(|d| d.headroom).collect();
         let reserve: Vec<u64> = self.devs.iter().map(|d| d.reserve[i]).collect();
-        let mut req = Request { policy: Some(self.policy.ledger()), priority: self.priority[i], headroom: Some(&headroom), reserve: &reserve };
+        let mut req = Request { policy: Some(self.policy.ledger()), priority: self.priority[i], mode: vramcap_common::config::CapMode::Enforce, headroom: Some(&headroom), reserve: &reserve };
         let none = |_: &Shared| {};
         let joined = match s.join(slot, &self.entries, &req, &none) {
             Ok(j) => j,

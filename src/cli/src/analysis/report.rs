@@ -130,6 +130,43 @@ fn hist_json(d: &DevStats) -> (Value, Value) {
     (Value::Array(sizes), Value::Array(lives))
 }
 
+/// The observe-mode line (issue 26): "peak 23.4 GiB: a 20 GiB cap would have refused 3
+/// allocations, the first at t=41.2 s in cuMemAlloc_v2 (1.0 GiB)". `None` when the process did
+/// not observe and nothing was observed.
+fn observe_text(names: &Names, observing: bool, d: &DevStats, limit: Option<u64>) -> Option<String> {
+    let peak = human(d.peak);
+    match d.first_would_deny {
+        Some(w) => {
+            let cap = match vramcap_common::trace::WouldDenyCap::from_result(w.cap) {
+                Some(vramcap_common::trace::WouldDenyCap::Group) => "group budget",
+                Some(vramcap_common::trace::WouldDenyCap::Ceiling) => "ceiling",
+                _ => "cap",
+            };
+            let n = d.would_deny;
+            Some(format!(
+                "peak {peak}: a {} {cap} would have refused {n} allocation{}, the first at t={:.1} s in {} ({})",
+                human(w.limit),
+                if n == 1 { "" } else { "s" },
+                w.t_ns as f64 / 1e9,
+                names.get(w.api),
+                human(w.size)
+            ))
+        }
+        None if observing => Some(match limit {
+            Some(l) => format!("peak {peak}: the {} cap would have refused nothing", human(l)),
+            None => format!("peak {peak}: no cap on this device"),
+        }),
+        None => None,
+    }
+}
+
+fn would_deny_json(names: &Names, d: &DevStats) -> Value {
+    d.first_would_deny.map_or(Value::Null, |w| {
+        let cap = vramcap_common::trace::WouldDenyCap::from_result(w.cap).map_or("unknown", |c| c.name());
+        json!({"t_ns": w.t_ns, "api": names.get(w.api), "size": w.size, "cap": cap, "limit": w.limit, "charge": w.charge})
+    })
+}
+
 fn incident_json(names: &Names, v: &[super::stats::Incident]) -> Value {
     v.iter().map(|x| json!({"t_ns": x.t_ns, "api": names.get(x.api), "size": x.size, "result": x.result, "used": x.used})).collect()
 }
@@ -161,6 +198,8 @@ pub fn to_json(r: &Report) -> Value {
                         // Never above what the process said it held at exit: with events dropped
                         // the traced list can keep allocations whose frees were lost.
                         "leaked_bytes": held_at_exit.map_or(d.leaked_bytes(), |h| d.leaked_bytes().min(h)), "leaked_count": d.live.len(),
+                        "would_deny": d.would_deny, "first_would_deny": would_deny_json(names, d),
+                        "would_deny_total": r.merged.readers[i].summary.as_ref().and_then(|s| s.would_deny.as_ref()?.get(&d.index.to_string()).copied()),
                         "denied": d.denied, "failed": d.failed, "allocs": d.allocs, "frees": d.frees,
                         "other_events": d.other, "unmatched_frees": d.unmatched_frees,
                         "allocated_bytes": d.alloc_bytes, "used_at_end": d.used,
@@ -181,6 +220,7 @@ pub fn to_json(r: &Report) -> Value {
                 .collect();
             let sh = sharing_of(r, i, -1);
             json!({"pid": h.pid, "exe": h.exe, "host": h.host, "group": h.group, "file": r.merged.readers[i].path,
+                   "mode": h.mode.as_deref().unwrap_or("enforce"),
                    "group_policy": sh.policy, "group_priority": sh.priority, "group_holds_headroom": sh.holds_headroom,
                    "start_unix_ns": h.start_unix_ns, "devices": devices,
                    "dropped": r.merged.readers[i].summary.as_ref().map(|s| s.dropped),
@@ -256,6 +296,9 @@ pub fn to_text(r: &Report) -> String {
             }
             if d.unmatched_frees > 0 {
                 let _ = writeln!(o, "    frees without a traced allocation: {}", d.unmatched_frees);
+            }
+            if let Some(t) = observe_text(names, h.mode.as_deref() == Some("observe"), d, limit) {
+                let _ = writeln!(o, "    observe mode    {t}");
             }
             let _ = writeln!(o, "    denied          {}", d.denied);
             for x in &d.denials {

@@ -39,6 +39,18 @@ pub struct LimitChange {
     pub uid: i64,
 }
 
+/// The first `would_deny` event of a device (observe mode, issue 26): when, which entry point,
+/// how big, and the cap that would have refused it (`cap`: the event's `result`).
+#[derive(Clone, Copy, Debug)]
+pub struct WouldDeny {
+    pub t_ns: u64,
+    pub api: u16,
+    pub size: u64,
+    pub cap: i64,
+    pub limit: u64,
+    pub charge: u64,
+}
+
 /// Lifetime buckets: upper bounds in ns (the last bucket is open).
 pub const LIFETIME_BOUNDS: [(u64, &str); 9] = [
     (1_000, "<1us"),
@@ -77,6 +89,9 @@ pub struct DevStats {
     pub failures: Vec<Incident>,
     /// Limits changed while the process ran (`limit` events), in trace order.
     pub limits: Vec<LimitChange>,
+    /// Observe mode: allocations the cap would have refused (`would_deny` events), the first.
+    pub would_deny: u64,
+    pub first_would_deny: Option<WouldDeny>,
     pub live: PtrMap<Live>,
     /// Allocations whose address was handed out again before their free appeared in the file:
     /// the free may still come (written after the re-allocation, stamped before it).
@@ -103,6 +118,8 @@ impl DevStats {
             denials: Vec::new(),
             failures: Vec::new(),
             limits: Vec::new(),
+            would_deny: 0,
+            first_would_deny: None,
             live: PtrMap::default(),
             shadowed: PtrMap::default(),
         }
@@ -164,6 +181,11 @@ impl DevStats {
                 if self.limits.len() < KEEP_INCIDENTS * 10 {
                     self.limits.push(LimitChange { t_ns: e.t_ns, old: e.ptr, new: e.size, source: e.api, uid: e.result });
                 }
+            }
+            Op::WouldDeny => {
+                // Granted all the same: the `alloc` that follows moves the charge.
+                self.would_deny += 1;
+                self.first_would_deny.get_or_insert(WouldDeny { t_ns: e.t_ns, api: e.api, size: e.size, cap: e.result, limit: e.ptr, charge: e.dur_ns });
             }
             Op::Map | Op::Unmap | Op::Reserve | Op::HostAlloc | Op::HostFree | Op::IpcOpen | Op::Other => {
                 self.used = next_used(self.used, e);

@@ -218,6 +218,7 @@ fn check_limits(c: &mut Checks, devices: &[limits::DeviceInfo], resolvable: bool
             return;
         }
     };
+    check_mode(c, &vars);
     if let Some((_, v)) = vars.iter().find(|(k, _)| k == "VRAMCAP_DISABLE") {
         if matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on") {
             c.info("limits", "VRAMCAP_DISABLE is set: the library passes everything through uncapped", None);
@@ -274,6 +275,39 @@ fn check_limits(c: &mut Checks, devices: &[limits::DeviceInfo], resolvable: bool
             c.fail("group dir", &format!("{} is not a writable directory", g.dir), "create it (shared by the group's processes) or set VRAMCAP_GROUP_DIR");
         }
         check_sharing(c, &g, devices, resolvable);
+    }
+}
+
+/// Which mode a job started here runs in and why (issue 26): this environment merged with the
+/// ceiling file as the library merges them.
+fn check_mode(c: &mut Checks, vars: &[(String, String)]) {
+    use vramcap_common::config::{CapMode, ModeOrigin, ceiling};
+    let cfg = ceiling::from_env_vars(vars);
+    if let Some(e) = cfg.error.as_ref().filter(|e| e.var == "VRAMCAP_MODE" || e.value.contains("VRAMCAP_MODE")) {
+        let fix = "set VRAMCAP_MODE=enforce (the default) or VRAMCAP_MODE=observe, or unset it";
+        return c.fail("mode", &format!("{e}. A job would fail to initialise CUDA with it"), fix);
+    }
+    if cfg.error.is_some() {
+        return; // another input is invalid: reported by its own check
+    }
+    let group = if cfg.group.is_some() { "; a group observes only while every member observes (docs/configuration.md)" } else { "" };
+    match (cfg.mode, cfg.mode_origin) {
+        (CapMode::Observe, ModeOrigin::CeilingFile) => c.info(
+            "mode",
+            &format!("observe, by the VRAMCAP_MODE=observe line in {}: a machine-wide dry run, nothing is refused, what would be is traced as would_deny{group}", ceiling::PATH),
+            None,
+        ),
+        (CapMode::Observe, _) => c.info(
+            "mode",
+            &format!("observe, by VRAMCAP_MODE=observe in this environment: nothing is refused, what would be is traced as would_deny{group}"),
+            Some("to enforce, unset VRAMCAP_MODE (or set it to enforce)"),
+        ),
+        (_, ModeOrigin::RefusedByCeiling) => c.ok(
+            "mode",
+            &format!("enforce: {} refuses this environment's VRAMCAP_MODE=observe (only a VRAMCAP_MODE=observe line in it turns observe on)", ceiling::PATH),
+        ),
+        (_, ModeOrigin::Environment) => c.ok("mode", "enforce, by VRAMCAP_MODE=enforce in this environment: allocations that do not fit are refused"),
+        _ => c.ok("mode", "enforce (the default): allocations that do not fit are refused"),
     }
 }
 

@@ -1,5 +1,5 @@
-//! `vramcap limit --group NAME [--group-dir DIR] [SPEC]`: print or change a running group's
-//! budget in its ledger (issue 26). Members judge every allocation against the ledger's limit
+//! `vramcap limit --group NAME [--group-dir DIR] [--enforce] [SPEC]`: print or change a running
+//! group's budget in its ledger (issue 26), or turn an observing group to enforce. Members judge every allocation against the ledger's limit
 //! word, so a change applies to the next allocation of each; members joining later adopt it
 //! (`group_ledger::budget`).
 //!
@@ -27,6 +27,11 @@ pub struct LimitArgs {
     /// (8GiB, 0 = no limit) or per device 0=8GiB,1=4GiB (the group's device numbers, as this
     /// command prints them) or GPU-<full UUID>=8GiB. Without it: print the budget.
     pub spec: Option<String>,
+    /// Make a group in observe mode (VRAMCAP_MODE=observe) enforce its budget from now on: each
+    /// member at its next allocation that does not fit (the other way needs every member to ask
+    /// for observe: restart them with it).
+    #[arg(long)]
+    pub enforce: bool,
 }
 
 pub fn main(a: LimitArgs) -> Result<(), String> {
@@ -39,21 +44,26 @@ pub fn main(a: LimitArgs) -> Result<(), String> {
         format!("no group \"{}\": {} does not exist (is a member running with VRAMCAP_GROUP_DIR={dir}?)", a.group, path.display())
     })?;
     let s = m.shm;
-    let Some(spec) = a.spec else {
+    if a.spec.is_none() && !a.enforce {
         // Dead members' charges are not use: give them back before showing `used`.
         reclaim_in(s);
         print!("{}", show(s, &a.group, owner));
         return Ok(());
-    };
+    }
     let me = unsafe { libc::geteuid() };
     if me != 0 && me != owner {
         return Err(format!(
-            "group \"{}\": its ledger {} belongs to uid {owner}; only that uid or root may change its budget (you are uid \
+            "group \"{}\": its ledger {} belongs to uid {owner}; only that uid or root may change its budget or mode (you are uid \
              {me}); nothing changed",
             a.group,
             path.display()
         ));
     }
+    if a.enforce {
+        let was = if s.enforce() { "observe" } else { "enforce" };
+        println!("group \"{}\": mode {was} -> enforce (each member refuses what does not fit from its next allocation on)", a.group);
+    }
+    let Some(spec) = a.spec else { return Ok(()) };
     let want = resolve(s, &spec)?;
     let show_b = |b: u64| if b == 0 { "no limit".to_string() } else { human(b) };
     for &(e, bytes) in &want {
@@ -131,6 +141,11 @@ fn show(s: &Shared, name: &str, owner: u32) -> String {
     let live: Vec<usize> =
         (0..shm::SLOTS).filter(|&i| SlotWord::unpack(s.slots[i].word.load(Acquire)).state == State::Live).collect();
     let mut out = format!("group \"{name}\" (ledger owned by uid {owner}): {} live member(s)\n", live.len());
+    out += if s.observing() {
+        "mode: observe (every member asked for VRAMCAP_MODE=observe: nothing is refused; `vramcap limit --enforce` ends it)\n"
+    } else {
+        "mode: enforce\n"
+    };
     for e in (0..shm::DEVICES).filter(|&e| s.devices[e].key.load(Acquire) != 0) {
         let limit = s.devices[e].limit.load(Acquire);
         let by = match s.limit_setter(e) {

@@ -1,5 +1,5 @@
-//! `vramcap run [--limit SPEC] [--group NAME --group-limit SPEC] [--trace PATH] [--sidecar PATH]
-//! [--report] -- CMD ARGS...`: one command in front of the job instead of `LD_PRELOAD` and a
+//! `vramcap run [--limit SPEC] [--group NAME --group-limit SPEC] [--observe] [--trace PATH]
+//! [--sidecar PATH] [--report] -- CMD ARGS...`: one command in front of the job instead of `LD_PRELOAD` and a
 //! handful of variables set by hand.
 //!
 //! We stay the parent (rather than exec) so that `--report` can read the trace when the job ends;
@@ -25,6 +25,11 @@ pub struct RunArgs {
     /// The group's budget (VRAMCAP_GROUP_LIMIT), same grammar as --limit.
     #[arg(long, value_name = "SPEC")]
     pub group_limit: Option<String>,
+    /// Observe mode (VRAMCAP_MODE=observe): grant what the caps would refuse and record it (the
+    /// trace's `would_deny` events, the report's observe line); the job sees the physical GPU.
+    /// Refused where a ceiling file does not allow it (the library says so and enforces).
+    #[arg(long)]
+    pub observe: bool,
     /// Write the allocation trace here (VRAMCAP_TRACE; %p pid, %t start, %e exe, %h host).
     #[arg(long, value_name = "PATH")]
     pub trace: Option<String>,
@@ -46,7 +51,7 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-const USAGE: &str = "vramcap run [--limit SPEC] [--group NAME --group-limit SPEC] [--trace PATH] \
+const USAGE: &str = "vramcap run [--limit SPEC] [--group NAME --group-limit SPEC] [--observe] [--trace PATH] \
                      [--sidecar PATH] [--report] [--fake-gpu SIZE] -- CMD ARGS...";
 
 /// Bad usage: exit 2 with the message. Never returns.
@@ -128,6 +133,9 @@ fn variables(a: &RunArgs, trace: Option<&str>, sidecar: Option<&str>) -> Result<
     let mut specs = vec![&process];
     specs.extend(grp.as_ref().map(|g| &g.limits));
     check_devices(&specs, a)?;
+    if a.observe {
+        set.push(("VRAMCAP_MODE", "observe".to_string()));
+    }
     if let Some(t) = trace {
         set.push(("VRAMCAP_TRACE", t.to_string()));
         set.push(("VRAMCAP_JOB", job_id()?));

@@ -140,6 +140,20 @@ pub fn render(r: &Registry) -> String {
             let _ = writeln!(out, "vramcap_allocation_denied_total{{{}}} {}", labels(c, Some(i.to_string()), &[]), d.denied);
         }
     }
+    // Observe mode (issue 26): what enforcing the cap would have refused, and the peak the job
+    // reached with nothing refused (to compare with vramcap_memory_limit_bytes).
+    family(&mut out, "vramcap_allocation_would_deny_total", "counter", "Observe mode: allocations the cap would have refused, granted (0 for processes that enforce).");
+    for c in &clients {
+        for (i, d) in &c.devices {
+            let _ = writeln!(out, "vramcap_allocation_would_deny_total{{{}}} {}", labels(c, Some(i.to_string()), &[]), d.would_deny);
+        }
+    }
+    family(&mut out, "vramcap_would_be_peak_bytes", "gauge", "Observe mode only: the most the process held on the device at once with nothing refused.");
+    for c in clients.iter().filter(|c| c.observe) {
+        for (i, d) in &c.devices {
+            let _ = writeln!(out, "vramcap_would_be_peak_bytes{{{}}} {}", labels(c, Some(i.to_string()), &[]), d.peak);
+        }
+    }
     family(&mut out, "vramcap_events_dropped_total", "counter", "Events the sidecar did not receive (client queue or send buffer full, no connection).");
     for c in &clients {
         let _ = writeln!(out, "vramcap_events_dropped_total{{{}}} {}", labels(c, None, &[]), c.dropped);

@@ -11,6 +11,8 @@ pub struct Device {
     pub limit: Option<u64>,
     pub peak: u64,
     pub denied: u64,
+    /// Observe mode (issue 26): allocations the cap would have refused and granted.
+    pub would_deny: u64,
     /// The group's budget and charge on the device (group members only).
     pub group_limit: Option<u64>,
     pub group_used: Option<u64>,
@@ -45,6 +47,8 @@ pub struct Client {
     pub policy: Option<String>,
     pub priority: Option<i64>,
     pub holds_headroom: Option<bool>,
+    /// The header's `mode`: true when the process started in observe mode (issue 26).
+    pub observe: bool,
     pub devices: BTreeMap<usize, Device>,
     /// (device, api) → successful counted allocations.
     pub allocations: BTreeMap<(i64, String), u64>,
@@ -125,6 +129,7 @@ impl Client {
             policy: str_field(h, "group_policy").map(|p| vramcap_common::grammar::group::PolicyName::shown(&p).to_string()),
             priority: h.get("group_priority").and_then(Value::as_i64),
             holds_headroom: h.get("group_holds_headroom").and_then(Value::as_bool),
+            observe: h.get("mode").and_then(Value::as_str) == Some("observe"),
             devices: BTreeMap::new(),
             allocations: BTreeMap::new(),
             dropped: 0,
@@ -189,6 +194,7 @@ impl Client {
         match op {
             "alloc" => *self.allocation_series(dev, api) += 1,
             "deny" => d.denied += 1,
+            "would_deny" => d.would_deny += 1,
             _ => {}
         }
         Ok(())
@@ -215,6 +221,7 @@ impl Client {
             dev.peak = u64_field(d, "peak")?;
             dev.limit = d.get("limit").and_then(Value::as_u64);
             dev.denied = d.get("denied").and_then(Value::as_u64).unwrap_or(dev.denied);
+            dev.would_deny = d.get("would_deny").and_then(Value::as_u64).unwrap_or(dev.would_deny);
             dev.group_limit = d.get("group_limit").and_then(Value::as_u64).or(dev.group_limit);
             dev.group_used = d.get("group_used").and_then(Value::as_u64).or(dev.group_used);
             dev.group_reserve = d.get("group_reserve").and_then(Value::as_u64).or(dev.group_reserve);
@@ -275,10 +282,12 @@ impl Client {
             "group_policy": self.policy,
             "group_priority": self.priority,
             "group_holds_headroom": self.holds_headroom,
+            "mode": if self.observe { "observe" } else { "enforce" },
             "events": self.events,
             "dropped": self.dropped,
             "devices": self.devices.iter().map(|(i, d)| json!({
                 "index": i, "used": d.used, "limit": d.limit, "peak": d.peak, "denied": d.denied,
+                "would_deny": d.would_deny,
                 "group_limit": d.group_limit, "group_used": d.group_used,
                 "group_reserve": d.group_reserve, "group_headroom": d.group_headroom, "group_share": d.group_share,
             })).collect::<Vec<_>>(),

@@ -163,6 +163,10 @@ pub fn merge(file: Option<(&str, &str)>, env: &[(String, String)], secure: bool)
         let file_value = fvars.iter().find(|(fk, _)| fk == k).map(|(_, fv)| fv.as_str());
         let refused = match k.as_str() {
             "VRAMCAP_DISABLE" => (truthy(v) && !fc.disabled).then_some("which the environment cannot turn off"),
+            // Observe mode grants what the cap would refuse: only the file itself turns it on.
+            "VRAMCAP_MODE" if v.trim().eq_ignore_ascii_case("observe") && fc.mode != super::CapMode::Observe => {
+                Some("and only a VRAMCAP_MODE=observe line in it turns observe mode on here")
+            }
             "VRAMCAP_GROUP" | "VRAMCAP_GROUP_DIR" | "CUDA_DEVICE_MEMORY_SHARED_CACHE"
                 if fc.group.is_some() && file_value != Some(v.trim()) && !v.trim().is_empty() =>
             {
@@ -214,6 +218,13 @@ pub fn merge(file: Option<(&str, &str)>, env: &[(String, String)], secure: bool)
         c.group = Some(g);
     }
     c.disabled = fc.disabled;
+    // The environment may only make the mode stricter (enforce over the file's observe).
+    c.mode_origin = match (c.mode, fc.mode) {
+        (super::CapMode::Observe, _) => super::ModeOrigin::CeilingFile,
+        _ if env.iter().any(|(k, v)| k == "VRAMCAP_MODE" && v.trim().eq_ignore_ascii_case("observe")) => super::ModeOrigin::RefusedByCeiling,
+        (super::CapMode::Enforce, super::CapMode::Observe) => super::ModeOrigin::Environment,
+        _ => super::ModeOrigin::Default,
+    };
     c.ceiling = Some(Ceiling {
         path: path.to_string(),
         limits: fc.limits.clone(),
@@ -350,6 +361,30 @@ mod tests {
         // The file sets no headroom: the environment's counts.
         let c = merge(Some((PATH, "VRAMCAP_GROUP=pod\nVRAMCAP_GROUP_RESERVE=1m\n")), &env(&[("VRAMCAP_GROUP_HEADROOM_0", "5m")]), false);
         assert_eq!(c.group.unwrap().headroom.entries.len(), 1);
+    }
+
+    /// Issue 26: the environment cannot switch a ceiling machine to observe; the file can, and
+    /// the environment can switch it back to enforce there.
+    #[test]
+    fn observe_mode_is_the_ceiling_files_to_turn_on() {
+        use crate::config::{CapMode, ModeOrigin};
+        let c = merge(Some((PATH, "VRAMCAP_LIMIT=1g\n")), &env(&[("VRAMCAP_MODE", "observe")]), false);
+        assert!(c.error.is_none(), "{:?}", c.error);
+        assert_eq!((c.mode, c.mode_origin), (CapMode::Enforce, ModeOrigin::RefusedByCeiling));
+        let said: Vec<_> = c.warnings.iter().filter(|w| w.contains("VRAMCAP_MODE")).collect();
+        assert_eq!(said.len(), 1, "{:?}", c.warnings);
+        assert!(said[0].contains(PATH), "{}", said[0]);
+        let c = merge(Some((PATH, "VRAMCAP_MODE=observe\n")), &[], false);
+        assert_eq!((c.mode, c.mode_origin), (CapMode::Observe, ModeOrigin::CeilingFile));
+        let c = merge(Some((PATH, "VRAMCAP_MODE=observe\n")), &env(&[("VRAMCAP_MODE", "observe")]), false);
+        assert_eq!((c.mode, c.warnings.len()), (CapMode::Observe, 0), "{:?}", c.warnings);
+        let c = merge(Some((PATH, "VRAMCAP_MODE=observe\n")), &env(&[("VRAMCAP_MODE", "enforce")]), false);
+        assert_eq!((c.mode, c.mode_origin), (CapMode::Enforce, ModeOrigin::Environment));
+        // A bad value from either side fails closed.
+        assert!(merge(Some((PATH, "VRAMCAP_MODE=dry\n")), &[], false).error.is_some());
+        assert!(merge(Some((PATH, "VRAMCAP_MODE=observe\n")), &env(&[("VRAMCAP_MODE", "dry")]), false).error.is_some());
+        // Without a file, the environment's.
+        assert_eq!(merge(None, &env(&[("VRAMCAP_MODE", "observe")]), false).mode, CapMode::Observe);
     }
 
     #[test]

@@ -18,10 +18,44 @@ pub enum Level {
     Debug = 3,
 }
 
+/// `VRAMCAP_MODE` (issue 26): what the cap does with an allocation it would refuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CapMode {
+    /// Refuse it (the default).
+    Enforce,
+    /// Grant it and record a `would_deny` event: the job sees the physical device.
+    Observe,
+}
+
+impl CapMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            CapMode::Enforce => "enforce",
+            CapMode::Observe => "observe",
+        }
+    }
+}
+
+/// Where the mode in force came from (`vramcap doctor` says it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModeOrigin {
+    /// Nobody set `VRAMCAP_MODE`.
+    Default,
+    /// The process's environment.
+    Environment,
+    /// The ceiling file's own `VRAMCAP_MODE` line.
+    CeilingFile,
+    /// The environment asked for observe and the ceiling file does not allow it.
+    RefusedByCeiling,
+}
+
 #[derive(Debug)]
 pub struct Config {
     /// `VRAMCAP_DISABLE=1`: every hook forwards to the driver untouched.
     pub disabled: bool,
+    /// `VRAMCAP_MODE`: enforce (the default) or observe.
+    pub mode: CapMode,
+    pub mode_origin: ModeOrigin,
     pub log_level: Level,
     /// Per-process limits (`VRAMCAP_LIMIT*`).
     pub limits: LimitSpec,
@@ -88,6 +122,24 @@ impl Config {
                 }
             },
         };
+        let mode = match get("VRAMCAP_MODE").map(|v| v.trim().to_ascii_lowercase()) {
+            None => CapMode::Enforce,
+            Some(v) => match v.as_str() {
+                "" | "enforce" => CapMode::Enforce,
+                "observe" => CapMode::Observe,
+                _ => {
+                    // Never fails open: a mode we cannot read is not taken for observe.
+                    error.get_or_insert(ConfigError {
+                        var: "VRAMCAP_MODE".into(),
+                        value: v.clone(),
+                        reason: "not a mode".into(),
+                        expected: "enforce (the default: refuse what does not fit) or observe (grant it and record a would_deny event)".into(),
+                    });
+                    CapMode::Enforce
+                }
+            },
+        };
+        let mode_origin = if get("VRAMCAP_MODE").is_some_and(|v| !v.trim().is_empty()) { ModeOrigin::Environment } else { ModeOrigin::Default };
         let (limits, group) = match group::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
             Ok(s) => s,
             Err(e) => {
@@ -131,7 +183,7 @@ impl Config {
                 None
             }
         });
-        Config { disabled, log_level, limits, group, real_libcuda, trace, sidecar, lossless, job, trace_list, error, warnings, ceiling: None }
+        Config { disabled, mode, mode_origin, log_level, limits, group, real_libcuda, trace, sidecar, lossless, job, trace_list, error, warnings, ceiling: None }
     }
 
     /// What a panicking parse leaves: an error, so CUDA initialisation fails instead of running
@@ -191,6 +243,20 @@ mod tests {
         assert_eq!(c.job, None);
         assert!(c.error.is_none(), "never fails closed: only the trace's grouping is at stake");
         assert!(c.warnings[0].contains("VRAMCAP_JOB=\"a b\"") && c.warnings[0].contains("it contains ' '"), "{:?}", c.warnings);
+    }
+
+    #[test]
+    fn cap_mode() {
+        assert_eq!((cfg(&[]).mode, cfg(&[]).mode_origin), (CapMode::Enforce, ModeOrigin::Default));
+        let c = cfg(&[("VRAMCAP_MODE", " Observe ")]);
+        assert_eq!((c.mode, c.mode_origin), (CapMode::Observe, ModeOrigin::Environment));
+        assert_eq!(cfg(&[("VRAMCAP_MODE", "enforce")]).mode, CapMode::Enforce);
+        assert_eq!(cfg(&[("VRAMCAP_MODE", "")]).mode_origin, ModeOrigin::Default);
+        // A bad value fails closed, naming the variable and what it takes.
+        let c = cfg(&[("VRAMCAP_MODE", "watch")]);
+        assert_eq!(c.mode, CapMode::Enforce);
+        let e = c.error.expect("an error").to_string();
+        assert!(e.contains("VRAMCAP_MODE") && e.contains("enforce") && e.contains("observe"), "{e}");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 pub const KNOWN: &[&str] = &[
     "VRAMCAP_DISABLE",
     "VRAMCAP_LOG",
+    "VRAMCAP_MODE",
     "VRAMCAP_LIMIT",
     "VRAMCAP_GROUP",
     "VRAMCAP_GROUP_LIMIT",

@@ -4,7 +4,8 @@
 //! init (src/preload/src/group/sharing.rs adds the words and the log lines); `vramcap replay
 //! --policy` runs it for each trace as it starts.
 
-use super::shm::{LATE, Over, Policy, Shared, SlotWord, State};
+use super::shm::{LATE, MODE_ENFORCE, MODE_OBSERVE, Over, Policy, Shared, SlotWord, State};
+use crate::config::CapMode;
 use crate::grammar::size::human;
 use std::sync::atomic::Ordering::*;
 
@@ -14,6 +15,8 @@ pub struct Request<'a> {
     pub policy: Option<Policy>,
     /// `VRAMCAP_PRIORITY`.
     pub priority: i64,
+    /// `VRAMCAP_MODE` (after the ceiling file's say).
+    pub mode: CapMode,
     /// `VRAMCAP_GROUP_HEADROOM` per entry, resolved to bytes; `None`: adopt the group's.
     pub headroom: Option<&'a [u64]>,
     /// `VRAMCAP_GROUP_RESERVE` per entry in bytes (empty: none).
@@ -28,6 +31,21 @@ pub struct Joined {
     /// This member started while others held memory and holds the headroom now (it may take it
     /// later too, when it needs it and nobody uses it).
     pub holds_headroom: bool,
+    /// What this member's mode did to the group's, or the group's to it.
+    pub mode: Option<ModeJoin>,
+}
+
+/// How a member's `VRAMCAP_MODE` met its group's mode (issue 26). Enforce always wins: a
+/// member observing while another enforces would spend the budget the other is held to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModeJoin {
+    /// It asked for observe; the group enforces, so it enforces too.
+    AdoptedEnforce,
+    /// It enforces; the group observed with members running, and enforces from now on (every
+    /// member's next allocation that does not fit is refused).
+    GroupNowEnforces,
+    /// The group had another mode and no member running: this member's mode is the group's now.
+    Reset { was: CapMode },
 }
 
 /// Why a start was refused; the slot is the caller's to give back.
@@ -51,7 +69,8 @@ impl Shared {
     /// claimed stays claimed.
     pub fn join(&self, slot: usize, entries: &[usize], req: &Request, sweep: &dyn Fn(&Shared)) -> Result<Joined, Refused> {
         self.slots[slot].priority.store(req.priority as u64, Release);
-        let mut joined = Joined { policy_was: self.join_policy(slot, req.policy, sweep)?, holds_headroom: false };
+        let mut joined = Joined { policy_was: self.join_policy(slot, req.policy, sweep)?, holds_headroom: false, mode: None };
+        joined.mode = self.join_mode(slot, req.mode, sweep);
         self.join_headroom(slot, entries, req.headroom, sweep)?;
         self.claim_reserves(slot, entries, req.reserve)?;
         let headroom = entries.iter().any(|&e| self.headroom(e) > 0);
@@ -85,6 +104,50 @@ impl Shared {
             return Ok(Some(have));
         }
         Err(Refused::Policy { have, want })
+    }
+
+    /// The group's mode: set by its first member; a member asking for observe in a group that
+    /// enforces enforces too; a member that enforces makes an observing group enforce. Only a
+    /// member alone in the group (the others gone) may turn enforce into observe.
+    fn join_mode(&self, slot: usize, want: CapMode, sweep: &dyn Fn(&Shared)) -> Option<ModeJoin> {
+        let h = &self.header;
+        let word = |m: CapMode| if m == CapMode::Observe { MODE_OBSERVE } else { MODE_ENFORCE };
+        let _ = h.mode.compare_exchange(0, word(want), AcqRel, Acquire);
+        let cur = h.mode.load(Acquire);
+        if cur == word(want) {
+            return None;
+        }
+        let was = if cur == MODE_OBSERVE { CapMode::Observe } else { CapMode::Enforce };
+        sweep(self);
+        if self.alone(slot) && h.mode.compare_exchange(cur, word(want), SeqCst, SeqCst).is_ok() {
+            // A member that claimed its slot after we looked may have read the old mode and
+            // enforce on it: whoever is here now, after our write, keeps the stricter mode.
+            if want == CapMode::Observe && !self.alone(slot) {
+                let _ = h.mode.compare_exchange(MODE_OBSERVE, MODE_ENFORCE, SeqCst, SeqCst);
+                return Some(ModeJoin::AdoptedEnforce);
+            }
+            return Some(ModeJoin::Reset { was });
+        }
+        match want {
+            CapMode::Observe => Some(ModeJoin::AdoptedEnforce),
+            CapMode::Enforce => {
+                // Unconditional: whatever raced us, the group ends up enforcing.
+                h.mode.store(MODE_ENFORCE, Release);
+                Some(ModeJoin::GroupNowEnforces)
+            }
+        }
+    }
+
+    /// An operator's `vramcap limit --enforce`: the group enforces from now on (each member at
+    /// its next allocation that does not fit); returns whether it observed.
+    pub fn enforce(&self) -> bool {
+        self.header.mode.swap(MODE_ENFORCE, AcqRel) == MODE_OBSERVE
+    }
+
+    /// Whether the group's members observe (`VRAMCAP_MODE=observe`, issue 26): read at each
+    /// allocation that does not fit, never on the allocation path itself.
+    pub fn observing(&self) -> bool {
+        self.header.mode.load(Acquire) == MODE_OBSERVE
     }
 
     fn join_headroom(&self, slot: usize, entries: &[usize], want: Option<&[u64]>, sweep: &dyn Fn(&Shared)) -> Result<(), Refused> {

@@ -26,7 +26,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// an operator set with `vramcap limit` (`operator_limit`), which later members adopt; per member
 /// the reserve it took from lower priorities, by lender and device, so that it goes back to its
 /// lender when freed, and whether it started late (who may take the headroom).
-pub const VERSION: u32 = 4;
+/// 5 (issue 26, observe mode): the header's former padding word is the group's mode
+/// ([`MODE_ENFORCE`] or [`MODE_OBSERVE`]); a version 4 member would enforce while the group
+/// observes, or ignore a group that enforces.
+pub const VERSION: u32 = 5;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
 pub const NAME_BYTES: usize = 64;
@@ -47,7 +50,9 @@ pub struct Header {
     pub name: [AtomicU64; NAME_BYTES / 8],
     /// [`Policy`] as set by the group's first member; 0: not set yet.
     pub policy: AtomicU32,
-    pub _pad: AtomicU32,
+    /// The group's mode (issue 26): [`MODE_ENFORCE`] or [`MODE_OBSERVE`], set by its first
+    /// member; 0: not set yet. Enforce wins (`join`): no member observes while another enforces.
+    pub mode: AtomicU32,
     /// Slots not free (claimed, live or being emptied): the N of `equal`'s budget / N. Raised
     /// before a slot is claimed and lowered after it is freed, so it is never too low (a share
     /// is never too big).
@@ -117,6 +122,11 @@ pub struct Slot {
     /// [`LATE`]: set at start, cleared when the slot is claimed.
     pub flags: AtomicU64,
 }
+
+/// `Header::mode`: members refuse what does not fit.
+pub const MODE_ENFORCE: u32 = 1;
+/// `Header::mode`: members grant what does not fit and record it (`VRAMCAP_MODE=observe`).
+pub const MODE_OBSERVE: u32 = 2;
 
 /// `Slot::flags`: the member started while other members held memory (a restart, the "+1"
 /// job): it may take the headroom when nobody uses it (`Shared::try_take_headroom`).

@@ -107,6 +107,15 @@ pub fn write(buf: &mut Vec<u8>, e: &EventLine) {
         buf.extend_from_slice(e.api.as_bytes());
         buf.push(b'"');
     }
+    if e.op == Op::WouldDeny {
+        // The same values under their own names (see `Op::WouldDeny`).
+        buf.extend_from_slice(b",\"cap\":\"");
+        buf.extend_from_slice(super::WouldDenyCap::from_result(e.result).map_or("unknown", |c| c.name()).as_bytes());
+        buf.extend_from_slice(b"\",\"limit\":");
+        push_u64(buf, e.ptr);
+        buf.extend_from_slice(b",\"charge\":");
+        push_u64(buf, e.dur_ns);
+    }
     buf.extend_from_slice(b"}\n");
 }
 

@@ -38,6 +38,7 @@ fn header() -> Header {
         group_priority: Some(-5),
         group_holds_headroom: Some(true),
         job: Some("0f3a-job_7:retry.2".into()),
+        mode: Some("observe".into()),
     }
 }
 
@@ -50,6 +51,7 @@ fn summary() -> Summary {
         peak: per_device(&[("0", 8 << 30), ("1", 1 << 20)]),
         used: per_device(&[("0", 0), ("1", 4096)]),
         denied: Some(per_device(&[("0", 12), ("1", 0)])),
+        would_deny: Some(per_device(&[("0", 3), ("1", 0)])),
         group: Some(GroupSummary {
             name: "team".into(),
             limit: per_device(&[("0", 20 << 30)]),
@@ -77,11 +79,12 @@ fn usage() -> Usage {
                 limit: Some(1 << 30),
                 peak: 200 << 20,
                 denied: 1,
+                would_deny: 2,
                 group_limit: Some(20 << 30),
                 group_used: Some(6 << 30),
                 sharing: sharing(2),
             },
-            DeviceUsage { index: 1, used: 0, limit: None, peak: 0, denied: 0, group_limit: None, group_used: None, sharing: DeviceSharing::default() },
+            DeviceUsage { index: 1, used: 0, limit: None, peak: 0, denied: 0, would_deny: 0, group_limit: None, group_used: None, sharing: DeviceSharing::default() },
         ],
         allocations: vec![AllocCount { dev: 0, api: "cuMemAlloc_v2".into(), count: 7 }],
     }
@@ -104,7 +107,7 @@ fn events() -> Vec<EventLine<'static>> {
                 dev: if op == Op::HostAlloc { -1 } else { i as i32 % 3 },
                 ptr: 0x7f3a_4000_0000 + (i << 12),
                 size: 1_048_576 + i,
-                result: if op == Op::Fail { 2 } else if op == Op::Deny { -(i as i64) } else { 0 },
+                result: if op == Op::Fail { 2 } else if op == Op::Deny { -(i as i64) } else if op == Op::WouldDeny { 2 } else { 0 },
                 dur_ns: 850 + i,
                 used: 5_242_880 + i,
                 group_used: (i % 2 == 0).then_some(1 << 33 | i),
@@ -173,6 +176,11 @@ fn every_event_field_survives_a_round_trip_on_both_read_paths() {
             known.extend(["old", "new", "uid", "source"]);
             assert_eq!((v["old"].as_u64(), v["new"].as_u64(), v["uid"].as_i64()), (Some(e.ptr), Some(e.size), Some(e.result)));
             assert_eq!(v["source"].as_str(), Some(e.api));
+        }
+        if e.op == Op::WouldDeny {
+            // A `would_deny` event's named fields repeat result, ptr and dur_ns.
+            known.extend(["cap", "limit", "charge"]);
+            assert_eq!((v["cap"].as_str(), v["limit"].as_u64(), v["charge"].as_u64()), (Some("group"), Some(e.ptr), Some(e.dur_ns)));
         }
         assert!(keys.iter().all(|k| known.contains(&k.as_str())), "{keys:?}");
         assert_eq!(keys.len(), known.len() - if e.group_used.is_some() { 0 } else { 1 });

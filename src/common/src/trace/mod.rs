@@ -45,14 +45,32 @@ pub enum Op {
     /// none), `result` the uid that changed it (ceiling: 0, root's file); written with the named
     /// fields `old`, `new`, `uid` and `source` as well.
     Limit,
+    /// Observe mode (issue 26): the cap would have refused this allocation and granted it
+    /// (the driver's answer follows as the usual `alloc` or `fail`). `size` is the request,
+    /// `ptr` the limit that would have refused, `result` which cap ([`WouldDenyCap`]), `dur_ns`
+    /// what that cap had charged before the request; written with the named fields `cap`,
+    /// `limit` and `charge` as well.
+    WouldDeny,
     /// Read from a trace: an `op` this version does not know (never written).
     Other,
 }
 
 impl Op {
     /// Every op the library writes.
-    pub const WRITTEN: [Op; 11] =
-        [Op::Alloc, Op::Free, Op::Deny, Op::Fail, Op::Map, Op::Unmap, Op::Reserve, Op::HostAlloc, Op::HostFree, Op::IpcOpen, Op::Limit];
+    pub const WRITTEN: [Op; 12] = [
+        Op::Alloc,
+        Op::Free,
+        Op::Deny,
+        Op::Fail,
+        Op::Map,
+        Op::Unmap,
+        Op::Reserve,
+        Op::HostAlloc,
+        Op::HostFree,
+        Op::IpcOpen,
+        Op::Limit,
+        Op::WouldDeny,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -67,6 +85,7 @@ impl Op {
             Op::HostFree => "host_free",
             Op::IpcOpen => "ipc_open",
             Op::Limit => "limit",
+            Op::WouldDeny => "would_deny",
             Op::Other => "other",
         }
     }
@@ -79,6 +98,35 @@ impl Op {
     /// Whether the event moves the cap's charge (the rest are traced only).
     pub fn is_counted(self) -> bool {
         matches!(self, Op::Alloc | Op::Free | Op::Deny | Op::Fail)
+    }
+}
+
+/// Which cap a `would_deny` event's allocation would have been refused by (its `result`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WouldDenyCap {
+    /// The process's own limit (`VRAMCAP_LIMIT*`).
+    Process = 1,
+    /// The group's budget (or a rule of its sharing policy).
+    Group = 2,
+    /// The machine's ceiling file's limit (the process's limit is the file's).
+    Ceiling = 3,
+}
+
+impl WouldDenyCap {
+    pub fn name(self) -> &'static str {
+        match self {
+            WouldDenyCap::Process => "process",
+            WouldDenyCap::Group => "group",
+            WouldDenyCap::Ceiling => "ceiling",
+        }
+    }
+    pub fn from_result(r: i64) -> Option<WouldDenyCap> {
+        match r {
+            1 => Some(WouldDenyCap::Process),
+            2 => Some(WouldDenyCap::Group),
+            3 => Some(WouldDenyCap::Ceiling),
+            _ => None,
+        }
     }
 }
 

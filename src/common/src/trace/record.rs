@@ -9,6 +9,10 @@ use std::collections::BTreeMap;
 /// Per device (key: the CUDA ordinal as a string).
 pub type PerDevice = BTreeMap<String, u64>;
 
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
 fn is_empty(m: &PerDevice) -> bool {
     m.is_empty()
 }
@@ -46,6 +50,9 @@ pub struct Header {
     /// `VRAMCAP_JOB`, when set: the job this process belongs to (`vramcap run` sets one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
+    /// `"observe"` when the process started in observe mode (issue 26; absent: enforce).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
 }
 
 impl Header {
@@ -66,6 +73,7 @@ impl Header {
             group_priority: None,
             group_holds_headroom: None,
             job: None,
+            mode: None,
         }
     }
 }
@@ -121,6 +129,9 @@ pub struct Summary {
     /// traces from before the field.
     #[serde(default)]
     pub denied: Option<PerDevice>,
+    /// Observe mode only: every allocation the cap would have refused and granted, per device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub would_deny: Option<PerDevice>,
     /// The group this process belonged to, and the group's numbers at its exit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupSummary>,
@@ -188,6 +199,9 @@ pub struct DeviceUsage {
     pub peak: u64,
     #[serde(default)]
     pub denied: u64,
+    /// Observe mode: allocations the cap would have refused (absent when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub would_deny: u64,
     /// The group's budget and charge (group members whose group caps the device only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group_limit: Option<u64>,

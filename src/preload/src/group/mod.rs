@@ -70,6 +70,15 @@ pub fn view(dev: usize) -> Option<(u64, u64)> {
     Some((limit, s.used(e)))
 }
 
+/// Whether this process's group observes (issue 26): `true` outside a group. A member whose
+/// ledger is not attached (yet, or lost) does not observe: it is never granted on a guess.
+pub fn observing() -> bool {
+    match shared() {
+        Some(s) => !guard::lost() && s.observing(),
+        None => crate::config::get().group.is_none(),
+    }
+}
+
 /// Like [`view`], but `used` is what this member cannot have: `limit − used` is what it could
 /// get now under the group's rules (the budget it may fill, less what the group holds and
 /// others' unmet reserves, plus its own unmet reserve, within its `equal` share).

@@ -4,7 +4,7 @@
 //! devices and says what happened: one line per refusal, and the member's slot goes back.
 
 use vramcap_common::grammar::group::PolicyName;
-use vramcap_common::group_ledger::join::Request;
+use vramcap_common::group_ledger::join::{ModeJoin, Request};
 use vramcap_common::group_ledger::shm::{DEVICES, Policy, Shared};
 use crate::config::{GroupConfig, limits::DeviceInfo};
 use std::sync::atomic::{AtomicU64, Ordering::*};
@@ -41,7 +41,7 @@ pub fn join(s: &Shared, slot: usize, name: &str, cfg: &GroupConfig, devices: &[D
     PRIORITY.store(cfg.priority as u64, Relaxed);
     let headroom = if cfg.headroom.is_empty() { None } else { Some(cfg.headroom.resolve(devices).map_err(|e| e.to_string())?) };
     let reserve = if cfg.reserve.is_empty() { Vec::new() } else { cfg.reserve.resolve(devices).map_err(|e| e.to_string())? };
-    let req = Request { policy: cfg.policy.map(to_policy), priority: cfg.priority, headroom: headroom.as_deref(), reserve: &reserve };
+    let req = Request { policy: cfg.policy.map(to_policy), priority: cfg.priority, mode: crate::config::get().mode, headroom: headroom.as_deref(), reserve: &reserve };
     let sweep = |s: &Shared| {
         super::reclaim_in(s);
     };
@@ -50,6 +50,7 @@ pub fn join(s: &Shared, slot: usize, name: &str, cfg: &GroupConfig, devices: &[D
         let now = s.policy().name();
         crate::log::log_at!(crate::config::Level::Info, "group \"{name}\": policy {now} (was {was}, no member running)");
     }
+    say_mode(name, joined.mode);
     if joined.holds_headroom {
         crate::log::log_at!(
             crate::config::Level::Info,
@@ -57,6 +58,30 @@ pub fn join(s: &Shared, slot: usize, name: &str, cfg: &GroupConfig, devices: &[D
         );
     }
     Ok(())
+}
+
+/// One line where this member's `VRAMCAP_MODE` and its group's disagreed (issue 26).
+fn say_mode(name: &str, m: Option<ModeJoin>) {
+    match m {
+        None => {}
+        Some(ModeJoin::AdoptedEnforce) => {
+            crate::observe::group_enforces_said();
+            crate::log::write_line(&format!(
+            "vramcap: group \"{name}\" enforces its budget (set by its first member): this process enforces too, \
+             not VRAMCAP_MODE=observe (a group observes only when all its members do; docs/configuration.md)"
+            ))
+        }
+        Some(ModeJoin::GroupNowEnforces) => crate::log::write_line(&format!(
+            "vramcap: group \"{name}\" was in observe mode and this process enforces (VRAMCAP_MODE is not observe): \
+             the group enforces its budget from now on, for every member (a member cannot observe while another enforces)"
+        )),
+        Some(ModeJoin::Reset { was }) => crate::log::log_at!(
+            crate::config::Level::Info,
+            "group \"{name}\": mode {} (was {}, no member running)",
+            crate::config::get().mode.name(),
+            was.name()
+        ),
+    }
 }
 
 /// This member's sharing settings as the ledger has them (trace header, doctor, sidecar).

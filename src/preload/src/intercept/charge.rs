@@ -45,13 +45,32 @@ fn plan(api: Hook, target: Target, size: u64) -> Plan {
     // process's pools and graph memory give back what they hold unused.
     match super::pressure::reserve(dev, size) {
         Ok(()) => Plan::Charged(dev, ctx),
-        Err(d) => {
-            let scope = if d.group { crate::group::name() } else { None };
-            crate::denials::denied_in(crate::hooks::info(api).name, dev, size, &d, scope);
-            // The event's `used` is this process's charge, even when the group's budget refused.
-            Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, ledger::used(dev))
-        }
+        Err(d) if refused(api, dev, size, &d) => Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, ledger::used(dev)),
+        Err(_) => Plan::Charged(dev, ctx),
     }
+}
+
+/// The deny path: false when observe mode granted the request after all (charged, as a
+/// reservation, `observe::grant`), true when it is refused (the denial line is said).
+/// The event's `used` is then this process's charge, even when the group's budget refused.
+#[cold]
+#[inline(never)]
+pub fn refused(api: Hook, dev: usize, size: u64, d: &ledger::Denied) -> bool {
+    refused_sized(api, dev, size, size, d)
+}
+
+/// [`refused`] where observe mode must charge `charge` bytes for a request of `size` (a pool
+/// grows by whole units).
+#[cold]
+#[inline(never)]
+pub fn refused_sized(api: Hook, dev: usize, size: u64, charge: u64, d: &ledger::Denied) -> bool {
+    let name = crate::hooks::info(api).name;
+    if crate::observe::grant(api as events::Api, name, dev, size, charge, d) {
+        return false;
+    }
+    let scope = if d.group { crate::group::name() } else { None };
+    crate::denials::denied_in(name, dev, size, d, scope);
+    true
 }
 
 /// The driver's answer and how long it took: `dur` ticks, ending at tick `at` (both 0 when nobody

@@ -286,12 +286,12 @@ fn reserve_all(api: Hook, want: &Want, credit: &Want, n: usize, got: &mut Want) 
         if bytes == 0 {
             continue;
         }
-        if let Err(denied) = super::pressure::reserve(d as usize, bytes) {
+        if let Err(denied) = super::pressure::reserve(d as usize, bytes)
+            && super::charge::refused(api, d as usize, bytes, &denied)
+        {
             for &(u, b) in &got[..i] {
                 ledger::unreserve(u as usize, b);
             }
-            let scope = if denied.group { crate::group::name() } else { None };
-            crate::denials::denied_in(crate::hooks::info(api).name, d as usize, bytes, &denied, scope);
             return Err((d as i32, bytes, ledger::used(d as usize)));
         }
         got[i] = (d, bytes);

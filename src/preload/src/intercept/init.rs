@@ -96,6 +96,7 @@ fn apply(cfg: &config::Config, devices: &[DeviceInfo]) -> Result<(), String> {
     if let Some(c) = &cfg.ceiling {
         let ceiling = c.limits.resolve(devices).map_err(|e| e.to_string())?;
         say_capped("VRAMCAP_LIMIT", &c.path, config::ceiling::cap(&mut limits, &ceiling), &ceiling);
+        crate::observe::set_from_ceiling(&limits, &ceiling);
     }
     for (d, &l) in limits.iter().enumerate() {
         ledger::set_limit(d, l);

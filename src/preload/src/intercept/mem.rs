@@ -82,6 +82,10 @@ fn capped_info(call: impl FnOnce() -> CUresult, query: impl FnOnce() -> Option<(
             }
             return;
         }
+        // Observe mode: the driver's answer stands (the job sizes itself as without vramcap).
+        if crate::observe::physical_view() {
+            return;
+        }
         let Some(dev) = current_device() else { return };
         // What pools hold may have changed since we last looked.
         super::pool::refresh_device(dev);
@@ -138,7 +142,7 @@ pub unsafe fn get_info_v1(free: *mut c_uint, total: *mut c_uint) -> CUresult {
 }
 
 fn capped_total(dev: CUdevice, physical: u64) -> u64 {
-    if dev < 0 || ensure_limits().is_err() {
+    if dev < 0 || ensure_limits().is_err() || crate::observe::physical_view() {
         return physical;
     }
     let group = crate::group::view(dev as usize).map(|(l, _)| l);

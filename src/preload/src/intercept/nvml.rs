@@ -50,6 +50,10 @@ fn capped(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64, u6
     if ensure_limits().is_err() {
         return nothing_free;
     }
+    // Observe mode: the job sizes itself from the physical device, as without vramcap.
+    if crate::observe::physical_view() {
+        return None;
+    }
     let d = cuda_ordinal(dev)?;
     // Capped by the process's own limit, its group's budget, or both.
     if ledger::limit(d).is_none() && crate::group::view(d).is_none() {

@@ -104,6 +104,11 @@ pub fn capped(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64
     if cfg.limits.is_empty() && group.is_none() {
         return None;
     }
+    // Observe mode shows the physical device; in a group only once it has joined (the group may
+    // enforce), so not here.
+    if crate::observe::configured() && cfg.group.is_none() {
+        return None;
+    }
     let gpus = nvml_gpus()?;
     let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
     let cvd = match std::env::var_os("CUDA_VISIBLE_DEVICES") {

@@ -179,12 +179,9 @@ fn plan(api: Hook, pool: Option<u64>, stream: CUstream, size: u64) -> Plan {
     }
     match super::pressure::reserve(dev, want) {
         Ok(()) => Plan::Go { slot, pool: p, dev, reserved: want },
-        Err(d) => {
-            let scope = if d.group { crate::group::name() } else { None };
-            crate::denials::denied_in(crate::hooks::info(api).name, dev, size, &d, scope);
-            // The event's `used` is this process's charge, even when the group's budget refused.
-            Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, ledger::used(dev))
-        }
+        // Observe mode charges what the pool would grow by (`want`) and lets the call go.
+        Err(d) if !super::charge::refused_sized(api, dev, size, want, &d) => Plan::Go { slot, pool: p, dev, reserved: want },
+        Err(_) => Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, dev as i32, ledger::used(dev)),
     }
 }
 

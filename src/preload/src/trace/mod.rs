@@ -72,6 +72,7 @@ extern "C" fn after_fork_child() {
     sidecar::close_inherited_in_child();
     events::after_fork_child();
     crate::denials::after_fork_child();
+    crate::observe::after_fork_child();
 }
 
 /// Starts this process's writer thread. False if no thread could be started.
@@ -243,6 +244,7 @@ fn header() -> Header {
         group_priority: member.as_ref().map(|m| m.priority),
         group_holds_headroom: member.as_ref().map(|m| m.holds_headroom),
         job: config::get().job.clone(),
+        mode: crate::observe::active().then(|| "observe".to_string()),
     }
 }
 
@@ -308,6 +310,7 @@ fn summary() -> Summary {
         peak: (0..n).map(|d| (d.to_string(), ledger::peak(d))).collect(),
         used: (0..n).map(|d| (d.to_string(), ledger::used(d))).collect(),
         denied: Some((0..n).map(|d| (d.to_string(), crate::denials::count(d))).collect()),
+        would_deny: crate::observe::summarised().then(|| (0..n).map(|d| (d.to_string(), crate::observe::count(d))).collect()),
         group,
     }
 }

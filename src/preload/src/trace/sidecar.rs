@@ -43,6 +43,9 @@ pub fn close_inherited_in_child() {
 struct Tally {
     allocs: Vec<(usize, i32, u64)>,
     denied: Vec<u64>,
+    /// Observe mode's would-be denials, counted as `denied` is: from the events the sidecar is
+    /// sent, so a snapshot never counts one whose event comes after it.
+    would_deny: Vec<u64>,
 }
 
 impl Tally {
@@ -55,12 +58,13 @@ impl Tally {
                     None => self.allocs.push((key.0, key.1, 1)),
                 }
             }
-            Op::Deny if r.ev.dev >= 0 => {
+            Op::Deny | Op::WouldDeny if r.ev.dev >= 0 => {
                 let d = r.ev.dev as usize;
-                if self.denied.len() <= d {
-                    self.denied.resize(d + 1, 0);
+                let v = if r.ev.op == Op::Deny { &mut self.denied } else { &mut self.would_deny };
+                if v.len() <= d {
+                    v.resize(d + 1, 0);
                 }
-                self.denied[d] += 1;
+                v[d] += 1;
             }
             _ => {}
         }
@@ -194,6 +198,7 @@ impl Sidecar {
                         limit: ledger::limit(d),
                         peak: ledger::peak(d),
                         denied: self.tally.denied.get(d).copied().unwrap_or(0),
+                        would_deny: self.tally.would_deny.get(d).copied().unwrap_or(0),
                         group_limit: group.map(|g| g.0),
                         group_used: group.map(|g| g.1),
                         sharing,

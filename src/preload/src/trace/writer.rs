@@ -104,7 +104,8 @@ impl Writer {
             return;
         }
         let t_ns = self.calibration.to_ns(r.at).saturating_sub(self.origin_mono_ns);
-        let dur_ns = self.calibration.span_ns(r.ev.dur);
+        // A `would_deny` carries its cap's charge in bytes there, not a duration.
+        let dur_ns = if r.ev.op == events::Op::WouldDeny { r.ev.dur } else { self.calibration.span_ns(r.ev.dur) };
         // Formatted once, at the end of the file buffer; the sidecar gets a copy of the line.
         let start = self.buf.len();
         format::event_line(&mut self.buf, r, t_ns, dur_ns);

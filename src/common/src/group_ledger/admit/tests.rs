@@ -324,7 +324,7 @@ fn a_loan_never_refills_a_dead_lender_nor_past_a_reserve() {
 /// example, in MiB).
 fn start(s: &Shared, pid: u32) -> usize {
     let i = member(s, pid, 0);
-    let req = crate::group_ledger::join::Request { policy: None, priority: 0, headroom: Some(&[240]), reserve: &[] };
+    let req = crate::group_ledger::join::Request { policy: None, priority: 0, mode: crate::config::CapMode::Enforce, headroom: Some(&[240]), reserve: &[] };
     s.join(i, &[0], &req, &|_| {}).unwrap();
     i
 }
@@ -394,4 +394,35 @@ fn an_idle_holder_does_not_keep_the_headroom() {
     s.charge(b, 0, 240).unwrap();
     assert!(s.holds_headroom(b) && !s.holds_headroom(a));
     assert!(s.charge(a, 0, 1).is_err(), "A lost it to B, which uses it");
+}
+
+/// Issue 26: the group's mode. The first member sets it; enforce always wins over a running
+/// group; a member alone (the others gone) sets it again.
+#[test]
+fn the_groups_mode_is_its_first_members_and_enforce_wins() {
+    use crate::config::CapMode::{Enforce, Observe};
+    use crate::group_ledger::join::{ModeJoin, Request};
+    let req = |mode| Request { policy: None, priority: 0, mode, headroom: None, reserve: &[] };
+    let s = fresh(Policy::Shared, 1200);
+    let a = member(s, 1, 0);
+    assert_eq!(s.join(a, &[0], &req(Observe), &|_| {}).unwrap().mode, None, "the first member sets it");
+    assert!(s.observing());
+    let b = member(s, 2, 0);
+    assert_eq!(s.join(b, &[0], &req(Observe), &|_| {}).unwrap().mode, None);
+    let c = member(s, 3, 0);
+    assert_eq!(s.join(c, &[0], &req(Enforce), &|_| {}).unwrap().mode, Some(ModeJoin::GroupNowEnforces));
+    assert!(!s.observing(), "one member enforcing: every member enforces");
+    let d = member(s, 4, 0);
+    assert_eq!(s.join(d, &[0], &req(Observe), &|_| {}).unwrap().mode, Some(ModeJoin::AdoptedEnforce));
+    assert!(!s.observing());
+    // The others gone (the sweep empties their slots): the one left sets the mode.
+    let sweep = |s: &Shared| {
+        for i in [a, b, c] {
+            s.reclaim(i, s.slots[i].word.load(Relaxed), 9);
+        }
+    };
+    assert_eq!(s.join(d, &[0], &req(Observe), &sweep).unwrap().mode, Some(ModeJoin::Reset { was: Enforce }));
+    assert!(s.observing());
+    assert!(s.enforce(), "the operator's switch says it observed");
+    assert!(!s.observing() && !s.enforce());
 }
