@@ -132,7 +132,7 @@ void fc_arrays_ctx_gone(struct fc_ctx *c);     /* arrays.c: arrays made in c */
 void fc_pools_sync(int dev);
 int fc_stream_dev(CUstream s);              /* -1: bad stream or no context */
 struct fc_ctx *fc_stream_ctx(CUstream s);   /* NULL: bad stream or no context */
-/* Graphs (graph.c): an allocation or free on a capturing stream becomes a graph node (returns 1);
+/* Graphs (graph.c, graph_exec.c, graph_mem.c): an allocation or free on a capturing stream becomes a graph node (returns 1);
  * graph memory a launch left allocated is freed by cuMemFreeAsync (returns 1 if dptr was one). */
 /* The stream a _ptsz entry point means: its default stream is the per-thread one. */
 CUstream fc_ptsz_stream(CUstream s);
