@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "graph_internal.h"
 
@@ -156,6 +157,15 @@ static CUresult launch(CUgraphExec e, CUstream s, int run)
         return CUDA_ERROR_INVALID_VALUE;
     if (fc_stream_dev(s) < 0)
         return (uintptr_t)s > 2 ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
+    if (run && e->auto_free && fc_cfg.relaunch_delay_us) {
+        int left = 0;
+        pthread_mutex_lock(&g_glock);
+        for (size_t i = 0; i < e->n; i++)
+            left |= e->allocs[i].live;
+        pthread_mutex_unlock(&g_glock);
+        if (left)
+            usleep((useconds_t)fc_cfg.relaunch_delay_us);
+    }
     pthread_mutex_lock(&g_glock);
     for (size_t i = 0; i < e->n; i++) {
         struct galloc *a = &e->allocs[i];

@@ -53,6 +53,7 @@ struct fc_config {
     int driver_version;
     int init_fail;                          /* 0 = cuInit succeeds */
     long free_delay_us;                     /* FAKECUDA_FREE_DELAY_US: cuMemFree_v2, cuMemFreeAsync return this late */
+    long relaunch_delay_us;                 /* FAKECUDA_RELAUNCH_DELAY_US: see fc_config_load */
     unsigned long long mem[FC_MAX_DEVICES]; /* total bytes per device */
 };
 extern struct fc_config fc_cfg;

@@ -126,3 +126,48 @@ fn a_memory_node_past_a_million_other_nodes_is_still_charged() {
         assert!(peak(&out, 0) <= 64 * MIB, "{c}: {} bytes reached the device", peak(&out, 0));
     }
 }
+
+/// The relaunch credit of an auto-free graph, raced (issue 23): while one thread relaunches an
+/// auto-free graph counting on the memory its last launch left, another frees that memory and
+/// launches a second graph into it. The fake takes its time (`FAKECUDA_RELAUNCH_DELAY_US`) before
+/// the relaunch reaches that memory: bare, the second graph has taken it by then and the relaunch
+/// allocates anew (400 MiB on the device); under a 256 MiB cap the device never holds more than
+/// the cap, whichever thread wins each round.
+#[test]
+fn a_relaunch_credit_cannot_be_taken_by_another_thread_meanwhile() {
+    // Graph 0: 200 MiB auto-free, never freed by the graph (slot 0); graph 1: 200 MiB (slot 1).
+    let ops = "init ctx 0 gx 0 200m 0 0 0 1 gx 0 200m 0 0 0 0 gxrace 0 0 1 1 20 gtrim 0 stats 0 info";
+    for c in CLIENTS {
+        let plain = Run::client(c).bare().env("FAKECUDA_RELAUNCH_DELAY_US", "20000").args([ops]).run();
+        plain.ok();
+        assert_eq!(plain.nth("gxrace", 0).num("errors"), 0, "{c} bare: {}", plain.stdout);
+        assert_eq!(peak(&plain, 0), 400 * MIB, "{c} bare: the relaunch allocated anew: {}", plain.stdout);
+        let out = Run::client(c).env("VRAMCAP_LIMIT", "256m").env("FAKECUDA_RELAUNCH_DELAY_US", "20000").args([ops]).run();
+        out.ok();
+        let ctx = format!("{c}: {}", out.stdout);
+        let r = out.nth("gxrace", 0);
+        assert_eq!(r.num("errors"), 0, "{ctx}");
+        assert!(r.num("raced_ok") + r.num("other_ok") > 0, "{ctx}: something must fit");
+        assert!(peak(&out, 0) <= 256 * MIB, "{ctx}: {} bytes reached the device", peak(&out, 0));
+        // Nothing stays charged that the device gave back.
+        assert_eq!(out.nth("info", 0).num("free"), 256 * MIB - out.nth("stats", 0).num("bytes_held"), "{ctx}");
+    }
+}
+
+/// Many threads relaunching one auto-free graph at once: one launch's memory fits the cap, each
+/// relaunch reuses it; the device never holds more than the cap and the charge ends equal to what
+/// the device holds (nothing leaked, nothing lost).
+#[test]
+fn concurrent_relaunches_of_one_auto_free_graph_stay_under_the_cap() {
+    let ops = "init ctx 0 gx 0 200m 0 0 0 1 glaunch 0 gxstorm 0 16 200 gmem 0 stats 0 info";
+    for c in CLIENTS {
+        let out = run(c, "256m", ops);
+        let ctx = format!("{c}: {}", out.stdout);
+        let s = out.nth("gxstorm", 0);
+        assert_eq!(s.num("other"), 0, "{ctx}");
+        assert!(s.num("ok") > 0, "{ctx}: relaunches reuse the memory");
+        assert!(peak(&out, 0) <= 256 * MIB, "{ctx}: {} bytes reached the device", peak(&out, 0));
+        assert_eq!(out.nth("gmem", 0).num("reserved"), 200 * MIB, "{ctx}");
+        assert_eq!(out.nth("info", 0).num("free"), 56 * MIB, "{ctx}: charged what the device holds");
+    }
+}
