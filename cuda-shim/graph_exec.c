@@ -63,6 +63,7 @@ static CUresult instantiate(CUgraphExec *out, CUgraph g, unsigned long long flag
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     collect(e, g, g);
+    e->graph = g;
     e->auto_free = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0;
     e->magic = EXEC_MAGIC;
     e->next = g_execs;
@@ -144,6 +145,110 @@ FC_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
     hGraphExec->magic = 0;      /* allocations it left live stay the application's */
     pthread_mutex_unlock(&g_glock);
     return CUDA_SUCCESS;
+}
+
+/* Caller holds g_glock. Whether b has a's topology: as many nodes directly in it, of the same
+ * types in the same order, child graphs alike (the fake keeps no edges to compare). *bad: the node
+ * of b where they part (NULL: the counts differ). */
+static int same_topology(CUgraph a, CUgraph b, int *result, CUgraphNode *bad)
+{
+    struct fc_gnode *m = a->nodes, *n = b->nodes;
+
+    if (a->n != b->n) {
+        *result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+        *bad = NULL;
+        return 0;
+    }
+    for (; m && n; m = m->next, n = n->next) {
+        if (m->type != n->type) {
+            *result = CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
+            *bad = n;
+            return 0;
+        }
+        if (n->type == CU_GRAPH_NODE_TYPE_GRAPH && !same_topology(m->child, n->child, result, bad))
+            return 0;
+    }
+    return 1;
+}
+
+/*
+ * Whole-graph update, as documented: hGraph must be topologically identical to the graph the
+ * executable graph was made from (same node count, same node types pairwise, child graphs alike;
+ * a moved child cannot be an argument). The documentation lists no restriction on the parameters
+ * of memory nodes, so this driver takes them over, sizes included: the next launch allocates what
+ * hGraph's allocation nodes ask for (what an interposer has to follow). An allocation the last
+ * launch left live keeps its address and size: changing a live allocation's node is refused
+ * (PARAMETERS_CHANGED).
+ */
+static CUresult exec_update(CUgraphExec e, CUgraph g, int *result, CUgraphNode *bad)
+{
+    struct galloc *na = NULL;
+    size_t k;
+    CUresult rc = CUDA_SUCCESS;
+
+    *result = CU_GRAPH_EXEC_UPDATE_ERROR;
+    *bad = NULL;
+    if (!fc_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!e || e->magic != EXEC_MAGIC || !graph_ok(g) || g->moved)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_glock);
+    if (!same_topology(e->graph, g, result, bad)) {
+        rc = CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    } else if ((k = count_allocs(g)) != e->n || (k && !(na = calloc(k, sizeof *na)))) {
+        rc = k != e->n ? CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE : CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        struct fc_gexec tmp = { .allocs = na };
+        collect(&tmp, g, g);
+        for (size_t i = 0; i < k && rc == CUDA_SUCCESS; i++)
+            if (e->allocs[i].live && (na[i].size != e->allocs[i].size || na[i].dev != e->allocs[i].dev)) {
+                *result = CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED;
+                rc = CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+            }
+        if (rc == CUDA_SUCCESS) {
+            for (size_t i = 0; i < k; i++) {
+                if (e->allocs[i].live)
+                    na[i].dptr = e->allocs[i].dptr;
+                na[i].live = e->allocs[i].live;
+            }
+            free(e->allocs);
+            e->allocs = na;
+            na = NULL;
+            e->graph = g;
+            *result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_glock);
+    free(na);
+    return rc;
+}
+
+FC_API CUresult cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphNode *hErrorNode_out,
+                                  int *updateResult_out)
+{
+    int result;
+    CUgraphNode bad;
+    CUresult rc;
+
+    FC_COUNT(cuGraphExecUpdate);
+    if (!hErrorNode_out || !updateResult_out)
+        return CUDA_ERROR_INVALID_VALUE;
+    rc = exec_update(hGraphExec, hGraph, &result, &bad);
+    *hErrorNode_out = bad;
+    *updateResult_out = result;
+    return rc;
+}
+
+FC_API CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo *resultInfo)
+{
+    CUresult rc;
+
+    FC_COUNT(cuGraphExecUpdate_v2);
+    if (!resultInfo)
+        return CUDA_ERROR_INVALID_VALUE;
+    rc = exec_update(hGraphExec, hGraph, &resultInfo->result, &resultInfo->errorNode);
+    resultInfo->errorFromNode = NULL;
+    return rc;
 }
 
 static CUresult launch(CUgraphExec e, CUstream s, int run)

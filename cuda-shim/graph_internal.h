@@ -37,6 +37,7 @@ struct galloc {
 
 struct fc_gexec {
     unsigned int magic;
+    CUgraph graph;              /* the graph its nodes are taken from (instantiated or updated with) */
     int auto_free;              /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
     struct galloc *allocs;
     size_t n;

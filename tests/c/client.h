@@ -102,6 +102,8 @@
     X(cuGraphUpload, "cuGraphUpload", 11010, 0) \
     X(cuGraphUpload_ptsz, "cuGraphUpload", 11010, 2) \
     X(cuGraphExecDestroy, "cuGraphExecDestroy", 10000, 0) \
+    X(cuGraphExecUpdate, "cuGraphExecUpdate", 10020, 0) \
+    X(cuGraphExecUpdate_v2, "cuGraphExecUpdate", 12000, 0) \
     X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, 0) \
     X(cuDeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute", 11040, 0)
 

@@ -10,6 +10,10 @@
  *                           frees once the relaunch is back.
  *                           raced_*: the relaunches of E0; other_*: the launches of E1.
  *   gxstorm E T N        -> gxstorm ok=A oom=O other=X (T threads x N launches of E at once)
+ *   gupdate E DEV SIZE FREE V -> gupdate rc=N result=R slot=K  (a new graph of one SIZE allocation
+ *                           node on DEV, plus its free node if FREE: E updated with it,
+ *                           cuGraphExecUpdate (V = 1) or cuGraphExecUpdate_v2 (V = 2); R: the
+ *                           update result; K: the new node's address)
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -141,7 +145,6 @@ int client_graph_op(const struct cu_api *api, const char *op, int argc, char **a
 #define ARG(i) ((i) < argc ? argv[i] : NULL)
     struct race r;
 
-    (void)new_slot;
     A = api;
     memset(&r, 0, sizeof r);
     if (!strcmp(op, "gxrace")) {
@@ -151,6 +154,33 @@ int client_graph_op(const struct cu_api *api, const char *op, int argc, char **a
         r.k1 = (CUdeviceptr)slot(ARG(3));
         r.rounds = client_parse_size(ARG(4));
         gxrace(&r);
+        return 5;
+    }
+    if (!strcmp(op, "gupdate")) {
+        CUDA_MEM_ALLOC_NODE_PARAMS np;
+        CUgraphExecUpdateResultInfo info;
+        CUgraph g = NULL;
+        CUgraphNode an = NULL, fn = NULL, bad = NULL;
+        CUgraphExec e = client_exec(ARG(0));
+        int result = -1;
+        CUresult rc;
+        memset(&np, 0, sizeof np);
+        memset(&info, 0, sizeof info);
+        np.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        np.poolProps.location.id = (int)client_parse_long(ARG(1));
+        np.bytesize = client_parse_size(ARG(2));
+        if ((rc = A->cuGraphCreate(&g, 0)) == CUDA_SUCCESS &&
+            (rc = A->cuGraphAddMemAllocNode(&an, g, NULL, 0, &np)) == CUDA_SUCCESS &&
+            (!client_parse_long(ARG(3)) || (rc = A->cuGraphAddMemFreeNode(&fn, g, &an, 1, np.dptr)) == CUDA_SUCCESS)) {
+            if (client_parse_long(ARG(4)) == 1) {
+                rc = A->cuGraphExecUpdate(e, g, &bad, &result);
+            } else {
+                rc = A->cuGraphExecUpdate_v2(e, g, &info);
+                result = info.result;
+            }
+        }
+        OUT("gupdate rc=%d result=%d slot=%llu", rc, result, new_slot(np.dptr));
         return 5;
     }
     if (!strcmp(op, "gxstorm")) {

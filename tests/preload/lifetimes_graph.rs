@@ -171,3 +171,34 @@ fn concurrent_relaunches_of_one_auto_free_graph_stay_under_the_cap() {
         assert_eq!(out.nth("info", 0).num("free"), 56 * MIB, "{ctx}: charged what the device holds");
     }
 }
+
+/// `cuGraphExecUpdate` (v1) and `cuGraphExecUpdate_v2` (issue 23): an update keeps the topology
+/// and node types, but the documentation does not fix an allocation node's size, and the fake
+/// takes the new one over (bare: the next launch reserves 300 MiB). Under a 256 MiB cap the
+/// launch after an update to 300 MiB is denied before the driver allocates it; a refused update
+/// (another topology) changes nothing.
+#[test]
+fn a_graph_updated_to_more_memory_is_charged_what_the_update_asks() {
+    for c in CLIENTS {
+        for v in [1, 2] {
+            let out = bare(c, &format!("init ctx 0 gx 0 100m 1 0 0 0 glaunch 0 gupdate 0 0 300m 1 {v} glaunch 0 gmem 0"));
+            assert_eq!(out.nth("gupdate", 0).rc(), 0, "{c} bare v{v}: {}", out.stdout);
+            assert_eq!(out.nth("gmem", 0).num("reserved"), 300 * MIB, "{c} bare v{v}: the update's size was launched");
+        }
+    }
+    for c in CLIENTS {
+        for (variant, v) in [(0, 1), (0, 2), (2, 2), (3, 1)] {
+            let ops = format!("init ctx 0 gx 0 100m 1 0 {variant} 0 glaunch 0 gupdate 0 0 300m 1 {v} glaunch 0 stats 0 \
+                               gupdate 0 0 50m 0 {v} glaunch 0 info");
+            let out = run(c, "256m", &ops);
+            let ctx = format!("{c} variant {variant} v{v}: {}", out.stdout);
+            assert_eq!(out.nth("gupdate", 0).rc(), 0, "{ctx}");
+            assert_eq!(rcs(&out, "glaunch")[..2], [0, 2], "{ctx}: 300 MiB past the cap, denied");
+            assert!(peak(&out, 0) <= 256 * MIB, "{ctx}: {} bytes reached the device", peak(&out, 0));
+            // Another topology (no free node): refused by the driver (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE,
+            // topology changed), the charge unchanged.
+            assert_eq!(out.nth("gupdate", 1).rc(), 910, "{ctx}");
+            assert_eq!(out.nth("gupdate", 1).num("result"), 2, "{ctx}");
+        }
+    }
+}

@@ -22,6 +22,10 @@
 //! and until the driver has reused it (the relaunch claims the epoch across its driver call, and
 //! every advance waits for the claim); otherwise it reserves in full, which may deny what would
 //! fit but never grants what would not.
+//!
+//! A whole-graph update (`cuGraphExecUpdate`, `_v2`) keeps the topology but may change what the
+//! allocation nodes ask for: the updated graph is read too, and a launch reserves the larger of
+//! both (`updated`).
 
 use super::charge::{Timed, emit, timed};
 use super::graph_nodes::{Needs, Walk, walk};
@@ -33,7 +37,7 @@ use crate::hooks::{Hook, import, real};
 use crate::ledger::{self, MAX_DEVICES};
 use crate::sync::Lock;
 use std::collections::HashMap;
-use std::ffi::{c_char, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Bytes of each device's graph memory in its charge.
@@ -275,6 +279,65 @@ pub unsafe fn exec_destroy(exec: CUgraphExec) -> CUresult {
         });
     }
     rc
+}
+
+/// Per device, the larger (`max`) or smaller of what `a` and `b` say.
+fn merge(a: &Needs, b: &Needs, max: bool) -> Needs {
+    let mut out: Needs = Vec::new();
+    for &(d, x) in a.iter().chain(b) {
+        match out.iter_mut().find(|(e, _)| *e == d) {
+            Some((_, y)) => *y = if max { (*y).max(x) } else { (*y).min(x) },
+            None => out.push((d, x)),
+        }
+    }
+    if !max {
+        // A device only one side names has nothing on the other.
+        out.retain(|&(d, _)| a.iter().any(|&(e, _)| e == d) && b.iter().any(|&(e, _)| e == d));
+    }
+    out
+}
+
+/// After a successful whole-graph update the executable graph's memory nodes take `graph`'s
+/// parameters (the documentation fixes the topology and the node types, not an allocation node's
+/// size or device). Which of the two the driver keeps for a node it cannot say, so a launch
+/// reserves, per device, the larger of the old and the new need, and the relaunch credit counts
+/// on the smaller of what either leaves allocated, from the next launch on: a charge that can
+/// deny what would fit, never grant what would not. A graph vramcap cannot read whole has every
+/// device settled after each launch.
+fn updated(rc: CUresult, exec: CUgraphExec, graph: CUgraph) -> CUresult {
+    if rc != CUDA_SUCCESS || exec.is_null() || mode() == Mode::PassThrough {
+        return rc;
+    }
+    guarded((), || {
+        let w = walk(graph);
+        let mut execs = EXECS.lock();
+        let m = execs.get_or_insert_with(HashMap::new);
+        match m.get_mut(&(exec as u64)) {
+            Some(e) => {
+                e.need = merge(&e.need, &w.need, true);
+                e.held = merge(&e.held, &w.held, false);
+                e.all |= e.need.len() > LAUNCH_DEVICES || !w.complete;
+                e.epoch = 0;
+            }
+            None if !w.need.is_empty() || !w.complete => {
+                drop(execs);
+                // Its flags were not remembered (it had no memory nodes): no credit.
+                remember(exec, w, 0);
+            }
+            None => {}
+        }
+    });
+    rc
+}
+
+pub unsafe fn exec_update_v1(exec: CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, result: *mut c_int) -> CUresult {
+    let Some(f) = real::cuGraphExecUpdate() else { return MISSING_REAL };
+    updated(unsafe { f(exec, graph, err, result) }, exec, graph)
+}
+
+pub unsafe fn exec_update_v2(exec: CUgraphExec, graph: CUgraph, info: *mut c_void) -> CUresult {
+    let Some(f) = real::cuGraphExecUpdate_v2() else { return MISSING_REAL };
+    updated(unsafe { f(exec, graph, info) }, exec, graph)
 }
 
 /// Devices one launch can reserve on without allocating (more are never needed in practice;
