@@ -413,6 +413,7 @@ FC_API int fakecuda_stats(int dev, fakecuda_stats_t *out)
     struct fc_devstats *s;
 
     fc_config_load();
+    fc_vmm_reap();
     if (!out || !valid_dev(dev))
         return -1;
     s = &fc_stats[dev];

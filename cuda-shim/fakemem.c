@@ -276,12 +276,14 @@ static uintptr_t small_get(struct device *d, int devno, int arena, int cls,
     return p;
 }
 
-/* Book-keeping of a successful allocation or free; device lock held. */
-static void account(struct device *d, int devno, long long delta, int live_delta)
+/* Book-keeping of a successful allocation or free; device lock held. `shared`: the bytes are new
+ * to (or gone from) the device itself, not only from this process's view of it. */
+static void account_in(struct device *d, int devno, long long delta, int live_delta, int shared)
 {
     struct fc_devstats *st = &fc_stats[devno];
 
-    fc_shared_device_account(devno, delta);
+    if (shared)
+        fc_shared_device_account(devno, delta);
 
     d->held += (unsigned long long)delta;
     d->live += (unsigned long long)(long long)live_delta;
@@ -290,6 +292,11 @@ static void account(struct device *d, int devno, long long delta, int live_delta
     atomic_store_explicit(&st->bytes_held, d->held, memory_order_relaxed);
     atomic_store_explicit(&st->live_allocs, d->live, memory_order_relaxed);
     atomic_store_explicit(&st->peak_bytes, d->peak, memory_order_relaxed);
+}
+
+static void account(struct device *d, int devno, long long delta, int live_delta)
+{
+    account_in(d, devno, delta, live_delta, 1);
 }
 
 /* Common allocation path; `arena` selects the v2 or the 32-bit v1 space. */
@@ -489,6 +496,17 @@ int fc_mem_charge(int dev, long long delta)
     return ok;
 }
 
+/* This process's view only: memory another process allocated that this one now holds too (an
+ * imported shareable handle), or stops holding while others still do. Never refused. */
+void fc_mem_charge_local(int dev, long long delta)
+{
+    struct device *d = &g_dev[dev];
+
+    pthread_mutex_lock(&d->lock);
+    account_in(d, dev, delta, delta > 0 ? 1 : -1, 0);
+    pthread_mutex_unlock(&d->lock);
+}
+
 CUresult fc_mem_alloc_cur(CUdeviceptr *dptr, size_t size)
 {
     uintptr_t p;
@@ -572,6 +590,7 @@ static CUresult mem_info(unsigned long long *freeb, unsigned long long *total)
 
 FC_API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
+    fc_vmm_reap();
     unsigned long long f, t;
     CUresult rc;
 

@@ -121,6 +121,9 @@ extern struct fc_devstats fc_stats[FC_MAX_DEVICES];
 void fc_mem_config_fail(long long nth, int code); /* from FAKECUDA_FAIL_ALLOC */
 CUresult fc_mem_inject(void);                      /* the armed failure, or 0 */
 int fc_mem_charge(int dev, long long delta);      /* 0 ok, -1 does not fit */
+void fc_mem_charge_local(int dev, long long delta); /* this process's view only (imports) */
+/* vmm.c: frees exported memory whose last holder was this process once no exported fd is open. */
+void fc_vmm_reap(void);
 /* FAKECUDA_SHARED_DEVICE: one allocation's or free's bytes on the counters shared by processes. */
 void fc_shared_device_account(int devno, long long delta);
 CUresult fc_mem_alloc_cur(CUdeviceptr *dptr, size_t size); /* cuMemAlloc_v2 semantics */

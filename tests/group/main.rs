@@ -4,5 +4,6 @@ mod group;
 mod group_hostile;
 mod group_policy;
 mod group_sharing;
+mod exported;
 mod live_budget;
 mod replay_agrees;

@@ -26,7 +26,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// an operator set with `vramcap limit` (`operator_limit`), which later members adopt; per member
 /// the reserve it took from lower priorities, by lender and device, so that it goes back to its
 /// lender when freed, and whether it started late (who may take the headroom).
-pub const VERSION: u32 = 4;
+/// 5 (issue 23): exported VMM memory outlives its exporter: per member the bytes of its charge it
+/// exported as shareable handles and the count of shareable handles it imported from others; per
+/// device the exported bytes whose exporter ended while members held imports (`orphans`).
+pub const VERSION: u32 = 5;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
 pub const NAME_BYTES: usize = 64;
@@ -116,6 +119,13 @@ pub struct Slot {
     pub loan_bytes: [AtomicU64; LOANS],
     /// [`LATE`]: set at start, cleared when the slot is claimed.
     pub flags: AtomicU64,
+    /// Bytes of `charge` per device entry that are allocations this member exported as shareable
+    /// handles (`cuMemExportToShareableHandle`): memory that may live on in an importer after
+    /// this member ends.
+    pub exported: [AtomicU64; DEVICES],
+    /// Shareable handles imported from other processes that this member still holds (a reference
+    /// or a mapping): while any member holds one, exported memory of ended members stays charged.
+    pub imports: AtomicU64,
 }
 
 /// `Slot::flags`: the member started while other members held memory (a restart, the "+1"
@@ -126,6 +136,10 @@ pub const LATE: u64 = 1;
 pub struct Shared {
     pub header: Header,
     pub devices: [Device; DEVICES],
+    /// Per device entry: bytes exported by members that have ended, kept in `held` while any
+    /// member holds an imported shareable handle (the importer's mapping keeps the memory alive;
+    /// which export it came from the driver does not say). Given back when no member holds one.
+    pub orphans: [AtomicU64; DEVICES],
     pub slots: [Slot; SLOTS],
 }
 
@@ -246,7 +260,7 @@ impl Policy {
 
 impl Shared {
     /// A ledger on the heap, as a freshly created file holds it: what `vramcap replay --policy`
-    /// runs the library's admission over (and unit tests). About 1.9 MiB.
+    /// runs the library's admission over (and unit tests). About 2.5 MiB.
     pub fn in_memory(name: &str) -> Box<Shared> {
         let layout = std::alloc::Layout::new::<Shared>();
         // Every field is an atomic integer, for which all-zero bytes are a valid value.
@@ -386,20 +400,35 @@ impl Shared {
         s.word.compare_exchange(w, mine.pack(), AcqRel, Relaxed).ok()?;
         let mut total = 0;
         let loans = s.loans_on.load(Acquire);
+        // Its imports go first: whether its exports must outlive it is asked of the others.
+        let imported = s.imports.swap(0, SeqCst);
+        let mut orphaned = false;
         for e in 0..DEVICES {
             // Zero the slot first: a kill right here leaks (stricter), never double-counts.
             let charged = s.charge[e].swap(0, AcqRel);
+            let exported = s.exported[e].swap(0, AcqRel).min(charged);
             // What it borrowed goes back to its lenders (it stays in `held`, as their reserve).
             let repaid = if loans & (1 << e) != 0 { self.repay(i, e, charged) } else { 0 };
+            // Memory it exported may be mapped by an importer still running: it stays in `held`
+            // as the group's, until no member holds an import.
+            let kept = if exported > 0 && self.imports_held() > 0 { exported.min(charged - repaid) } else { 0 };
+            if kept > 0 {
+                self.orphans[e].fetch_add(kept, SeqCst);
+                orphaned = true;
+            }
             let unmet = s.unmet[e].swap(0, AcqRel);
             s.reserve[e].store(0, Release);
-            total += charged;
+            total += charged - kept;
             if unmet > 0 {
                 sub_saturating(&self.devices[e].unmet, unmet);
             }
-            if charged - repaid + unmet > 0 {
-                sub_saturating(&self.devices[e].held, charged - repaid + unmet);
+            if charged - repaid - kept + unmet > 0 {
+                sub_saturating(&self.devices[e].held, charged - repaid - kept + unmet);
             }
+        }
+        if imported > 0 || orphaned {
+            // The last import may have ended with this member, or ended elsewhere while we kept.
+            self.release_orphans();
         }
         self.forget_loans(i);
         // The headroom goes back with its holder.
@@ -447,6 +476,58 @@ impl Shared {
         (n, bytes)
     }
 
+    /// Shareable handles imported from other processes that members (live, or dead and not yet
+    /// reclaimed) hold.
+    pub fn imports_held(&self) -> u64 {
+        self.slots
+            .iter()
+            .filter(|s| SlotWord::unpack(s.word.load(SeqCst)).state != State::Free)
+            .map(|s| s.imports.load(SeqCst))
+            .sum()
+    }
+
+    /// Member `i` now holds one more imported shareable handle.
+    pub fn import_began(&self, i: usize) {
+        self.slots[i].imports.fetch_add(1, SeqCst);
+    }
+
+    /// Member `i` holds one imported shareable handle fewer (its last reference released and its
+    /// last mapping unmapped): exported memory of ended members goes back if that was the last.
+    pub fn import_ended(&self, i: usize) {
+        let n = &self.slots[i].imports;
+        let mut cur = n.load(SeqCst);
+        while cur > 0 {
+            match n.compare_exchange_weak(cur, cur - 1, SeqCst, SeqCst) {
+                Ok(_) => break,
+                Err(a) => cur = a,
+            }
+        }
+        self.release_orphans();
+    }
+
+    /// Bytes of member `i`'s charge on entry `e` it exported (they outlive it while imports do).
+    pub fn exported(&self, i: usize, e: usize, bytes: u64) {
+        self.slots[i].exported[e].fetch_add(bytes, AcqRel);
+    }
+
+    /// Gives back the exported memory of ended members if no member holds an import. Both sides
+    /// write, then read the other's word (SeqCst): an exporter ending while the last import ends
+    /// is seen by one of them, so nothing stays kept for nobody. Returns the bytes given back.
+    pub fn release_orphans(&self) -> u64 {
+        if self.imports_held() > 0 {
+            return 0;
+        }
+        let mut total = 0;
+        for e in 0..DEVICES {
+            let b = self.orphans[e].swap(0, SeqCst);
+            if b > 0 {
+                sub_saturating(&self.devices[e].held, b);
+                total += b;
+            }
+        }
+        total
+    }
+
     /// Number of slots in use.
     pub fn members(&self) -> usize {
         self.slots.iter().filter(|s| SlotWord::unpack(s.word.load(Acquire)).state != State::Free).count()
@@ -489,8 +570,8 @@ mod tests {
         // Changing this means changing VERSION: members built from different versions share files.
         assert_eq!(std::mem::size_of::<Header>(), 128);
         assert_eq!(std::mem::size_of::<Device>(), 64);
-        assert_eq!(std::mem::size_of::<Slot>(), 1856);
-        assert_eq!(LAYOUT_BYTES, 128 + 64 * 64 + 1856 * 1024);
+        assert_eq!(std::mem::size_of::<Slot>(), 2368);
+        assert_eq!(LAYOUT_BYTES, 128 + 64 * 64 + 8 * 64 + 2368 * 1024);
         assert_eq!(std::mem::offset_of!(Shared, devices) % 64, 0);
     }
 
@@ -518,6 +599,47 @@ mod tests {
         s.header.version.store(VERSION, Relaxed);
         s.header.slots.store(3, Relaxed);
         assert!(s.validate().unwrap_err().contains("3 slots"));
+    }
+
+    /// An exporter that ends while another member maps its memory: the bytes stay the group's
+    /// until the last import ends, wherever it ends (released, or its member reclaimed).
+    #[test]
+    fn exported_memory_outlives_its_exporter_while_imports_hold_it() {
+        let s = fresh();
+        s.init("x");
+        let held = |s: &Shared| s.devices[0].held.load(SeqCst);
+        let charge = |s: &Shared, i: usize, b: u64| {
+            s.slots[i].charge[0].fetch_add(b, SeqCst);
+            s.devices[0].held.fetch_add(b, SeqCst);
+        };
+        // Exporter a (200 exported, 50 not), importer b.
+        let (a, b) = (s.claim(1, 1, 0).unwrap(), s.claim(2, 1, 0).unwrap());
+        charge(&s, a, 250);
+        s.exported(a, 0, 200);
+        s.import_began(b);
+        let w = s.slots[a].word.load(SeqCst);
+        assert_eq!(s.reclaim(a, w, 9), Some(50));
+        assert_eq!((held(&s), s.orphans[0].load(SeqCst)), (200, 200), "the exported bytes stay");
+        s.import_ended(b);
+        assert_eq!((held(&s), s.orphans[0].load(SeqCst)), (0, 0), "the last import gave them back");
+        // No importer: the export goes with its exporter.
+        let a = s.claim(3, 1, 0).unwrap();
+        charge(&s, a, 100);
+        s.exported(a, 0, 100);
+        let w = s.slots[a].word.load(SeqCst);
+        assert_eq!(s.reclaim(a, w, 9), Some(100));
+        assert_eq!(held(&s), 0);
+        // The importer dies: reclaiming it gives the exported bytes back.
+        let (a, c) = (s.claim(4, 1, 0).unwrap(), s.claim(5, 1, 0).unwrap());
+        charge(&s, a, 100);
+        s.exported(a, 0, 100);
+        s.import_began(c);
+        let w = s.slots[a].word.load(SeqCst);
+        s.reclaim(a, w, 9);
+        assert_eq!(held(&s), 100);
+        let w = s.slots[c].word.load(SeqCst);
+        s.reclaim(c, w, 9);
+        assert_eq!((held(&s), s.orphans[0].load(SeqCst), s.imports_held()), (0, 0, 0));
     }
 
     #[test]
