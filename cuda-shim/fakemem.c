@@ -278,7 +278,7 @@ static uintptr_t small_get(struct device *d, int devno, int arena, int cls,
 
 /* Book-keeping of a successful allocation or free; device lock held. `shared`: the bytes are new
  * to (or gone from) the device itself, not only from this process's view of it. */
-static void account_in(struct device *d, int devno, long long delta, int live_delta, int shared)
+static inline __attribute__((always_inline)) void account_in(struct device *d, int devno, long long delta, int live_delta, int shared)
 {
     struct fc_devstats *st = &fc_stats[devno];
 
