@@ -46,6 +46,8 @@ static int ctx_valid(struct fc_ctx *c)
     for (int i = 0; i < fc_cfg.device_count; i++)
         if (c == &g_primary[i])
             return 1;
+    if (fc_green_ctx_valid(c))
+        return 1;
     pthread_mutex_lock(&g_ctx_lock);
     for (it = g_user_ctxs; it; it = it->next)
         if (it == c) {
@@ -313,22 +315,27 @@ FC_API CUresult cuCtxSynchronize(void)
 
 /* ------------------------------------------------------- primary contexts */
 
-FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+struct fc_ctx *fc_primary_retain(int dev)
 {
-    FC_COUNT(cuDevicePrimaryCtxRetain);
-    DEV_CHECK(pctx, dev);
     pthread_mutex_lock(&g_ctx_lock);
     g_primary[dev].dev = dev;
     g_primary[dev].primary = 1;
     g_primary_refs[dev]++;
     pthread_mutex_unlock(&g_ctx_lock);
-    *pctx = &g_primary[dev];
+    return &g_primary[dev];
+}
+
+FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    FC_COUNT(cuDevicePrimaryCtxRetain);
+    DEV_CHECK(pctx, dev);
+    *pctx = fc_primary_retain(dev);
     return CUDA_SUCCESS;
 }
 
 /* Documented: the context is reset once the last reference is released (its memory freed);
  * releasing one that is not retained fails with CUDA_ERROR_INVALID_CONTEXT. */
-static CUresult primary_release(CUdevice dev)
+CUresult fc_primary_release(int dev)
 {
     CUresult rc = CUDA_SUCCESS;
     int last = 0;
@@ -342,8 +349,10 @@ static CUresult primary_release(CUdevice dev)
         last = --g_primary_refs[dev] == 0;
     else
         rc = CUDA_ERROR_INVALID_CONTEXT;
-    if (last)                   /* under the lock: a racing retain gets a context already reset */
+    if (last) {                 /* under the lock: a racing retain gets a context already reset */
         fc_ctx_free_memory(&g_primary[dev]);
+        fc_green_primary_ended(dev);
+    }
     pthread_mutex_unlock(&g_ctx_lock);
     return rc;
 }
@@ -351,13 +360,13 @@ static CUresult primary_release(CUdevice dev)
 FC_API CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 {
     FC_COUNT(cuDevicePrimaryCtxRelease);
-    return primary_release(dev);
+    return fc_primary_release(dev);
 }
 
 FC_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     FC_COUNT(cuDevicePrimaryCtxRelease_v2);
-    return primary_release(dev);
+    return fc_primary_release(dev);
 }
 
 /* Reset destroys the primary context's allocations and state but keeps its retain count
@@ -374,6 +383,7 @@ static CUresult primary_reset(CUdevice dev)
     g_primary[dev].dev = dev;
     g_primary[dev].primary = 1;
     fc_ctx_free_memory(&g_primary[dev]);
+    fc_green_primary_ended(dev);
     pthread_mutex_unlock(&g_ctx_lock);
     return CUDA_SUCCESS;
 }

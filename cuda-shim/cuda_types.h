@@ -110,6 +110,7 @@ typedef struct {
 #define CUDA_ERROR_NOT_READY            600
 #define CUDA_ERROR_NOT_PERMITTED        800
 #define CUDA_ERROR_NOT_SUPPORTED        801
+#define CUDA_ERROR_INVALID_RESOURCE_TYPE 914
 #define CUDA_ERROR_UNKNOWN              999
 
 /* cuGetProcAddress flags and query results. */
@@ -378,6 +379,43 @@ CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *des
 CUresult cuMemAllocHost(void **pp, unsigned int bytesize);
 CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int flags);
 CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags);
+
+/* Green contexts (CUDA 12.4, green.c). A CUdevResource is the documented tagged union: the type,
+ * 92 bytes the driver keeps for itself, then the resource (for CU_DEV_RESOURCE_TYPE_SM, its SM
+ * count), 48 bytes in all; a descriptor and a green context are opaque handles. */
+typedef struct fc_green *CUgreenCtx;                  /* opaque */
+typedef struct fc_resdesc *CUdevResourceDesc;         /* opaque */
+typedef int CUdevResourceType;
+#define CU_DEV_RESOURCE_TYPE_SM 1
+typedef struct { unsigned int smCount; } CUdevSmResource;
+typedef struct {
+    CUdevResourceType type;
+    unsigned char _internal_padding[92];
+    union {
+        CUdevSmResource sm;
+        unsigned char _oversize[48];
+    };
+} CUdevResource;
+CUresult cuDeviceGetDevResource(CUdevice device, CUdevResource *resource, CUdevResourceType type);
+CUresult cuDevResourceGenerateDesc(CUdevResourceDesc *phDesc, CUdevResource *resources, unsigned int nbResources);
+CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice dev, unsigned int flags);
+CUresult cuCtxFromGreenCtx(CUcontext *pContext, CUgreenCtx hCtx);
+CUresult cuGreenCtxDestroy(CUgreenCtx hCtx);
+
+/* Prefetches of managed memory (managed.c): v1 takes a device (CU_DEVICE_CPU = -1: the host),
+ * _v2 (CUDA 12.2; CUDA 13's cuMemPrefetchAsync) a location; the CUDA 13 batch forms. */
+CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream);
+CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream);
+CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                               CUstream hStream);
+CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                                    CUstream hStream);
+#define CU_MEM_PREFETCH_BATCH_ARGS CUdeviceptr *dptrs, size_t *sizes, size_t count, CUmemLocation *prefetchLocs, \
+    size_t *prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream
+CUresult cuMemPrefetchBatchAsync(CU_MEM_PREFETCH_BATCH_ARGS);
+CUresult cuMemPrefetchBatchAsync_ptsz(CU_MEM_PREFETCH_BATCH_ARGS);
+CUresult cuMemDiscardAndPrefetchBatchAsync(CU_MEM_PREFETCH_BATCH_ARGS);
+CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(CU_MEM_PREFETCH_BATCH_ARGS);
 
 /* Copies numba-cuda uses (copies.c). */
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n);

@@ -408,6 +408,9 @@ static CUresult mem_free(uintptr_t p)
         free(l);
         return CUDA_SUCCESS;
     }
+    /* Managed memory has its own table (managed.c): looked up only when the arenas miss. */
+    if (fc_managed_free(p) == 0)
+        return CUDA_SUCCESS;
     /* Not ours: charge the attempt to the current context's device. */
     atomic_fetch_add_explicit(&fc_stats[ctx->dev].free_calls, 1, memory_order_relaxed);
     return CUDA_ERROR_INVALID_VALUE;
@@ -478,11 +481,13 @@ void fc_ctx_free_memory(struct fc_ctx *c)
         free(l);
     }
     fc_arrays_ctx_gone(c);
+    fc_managed_ctx_gone(c);
 }
 
-/* Capacity charge for memory kept outside the arenas (pools, VMM, arrays):
- * 0 on success, -1 when a positive delta does not fit the device. */
-int fc_mem_charge(int dev, long long delta)
+/* Capacity charge for memory kept outside the arenas (pools, VMM, arrays, managed memory):
+ * 0 on success, -1 when a positive delta does not fit the device. live_delta: allocations that
+ * begin (1) or end (-1) with it; 0 for pages that move (managed memory, managed.c). */
+int fc_mem_account(int dev, long long delta, int live_delta)
 {
     struct device *d = &g_dev[dev];
     int ok = 0;
@@ -491,7 +496,7 @@ int fc_mem_charge(int dev, long long delta)
     if (delta > 0 && (unsigned long long)delta > fc_cfg.mem[dev] - d->held)
         ok = -1;
     else
-        account(d, dev, delta, delta > 0 ? 1 : -1);
+        account(d, dev, delta, live_delta);
     pthread_mutex_unlock(&d->lock);
     return ok;
 }
@@ -505,6 +510,11 @@ void fc_mem_charge_local(int dev, long long delta)
     pthread_mutex_lock(&d->lock);
     account_in(d, dev, delta, delta > 0 ? 1 : -1, 0);
     pthread_mutex_unlock(&d->lock);
+}
+
+int fc_mem_charge(int dev, long long delta)
+{
+    return fc_mem_account(dev, delta, delta > 0 ? 1 : -1);
 }
 
 CUresult fc_mem_alloc_cur(CUdeviceptr *dptr, size_t size)

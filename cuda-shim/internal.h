@@ -110,6 +110,16 @@ struct fc_ctx {
 };
 /* Current context of the calling thread, or NULL. */
 struct fc_ctx *fc_current_ctx(void);
+/* Primary contexts (context.c): one more reference, one less (the last resets it, freeing its
+ * memory); green.c retains one per green context. */
+struct fc_ctx *fc_primary_retain(int dev);
+CUresult fc_primary_release(int dev);
+/* Whether c is the CUcontext of a live green context (green.c). */
+int fc_green_ctx_valid(struct fc_ctx *c);
+/* dev's primary context ended (its last release, a reset): what was allocated in the device's green
+ * contexts, destroyed ones included, is the primary context's memory and goes with it (green.c;
+ * g_ctx_lock held). Kept off the allocation path: blocks record the context current at allocation. */
+void fc_green_primary_ended(int dev);
 
 /* Per-device statistics; updated by the allocator. */
 struct fc_devstats {
@@ -124,6 +134,10 @@ int fc_mem_charge(int dev, long long delta);      /* 0 ok, -1 does not fit */
 void fc_mem_charge_local(int dev, long long delta); /* this process's view only (imports) */
 /* vmm.c: frees exported memory whose last holder was this process once no exported fd is open. */
 void fc_vmm_reap(void);
+int fc_mem_account(int dev, long long delta, int live_delta); /* fc_mem_charge, live count given */
+/* Managed memory (managed.c): cuMemFree of one (0; -1: not managed memory), a context's end. */
+int fc_managed_free(uintptr_t p);
+void fc_managed_ctx_gone(struct fc_ctx *c);
 /* FAKECUDA_SHARED_DEVICE: one allocation's or free's bytes on the counters shared by processes. */
 void fc_shared_device_account(int devno, long long delta);
 CUresult fc_mem_alloc_cur(CUdeviceptr *dptr, size_t size); /* cuMemAlloc_v2 semantics */

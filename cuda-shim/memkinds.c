@@ -1,7 +1,7 @@
 /*
- * memkinds.c - the other ways to get memory from the fake driver: pitched and managed
- * allocations, page-locked host memory, IPC, and mappings into sparse arrays (VMM: vmm.c;
- * arrays: arrays.c).
+ * memkinds.c - the other ways to get memory from the fake driver: pitched allocations,
+ * page-locked host memory, IPC, and mappings into sparse arrays (VMM: vmm.c; managed memory:
+ * managed.c; arrays: arrays.c).
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -25,15 +25,6 @@ FC_API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     if (rc == CUDA_SUCCESS)
         *pitch = p;
     return rc;
-}
-
-/* Managed memory lives on the device it was allocated from (no migration). */
-FC_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
-{
-    FC_COUNT(cuMemAllocManaged);
-    if (flags != 1 && flags != 2)       /* CU_MEM_ATTACH_GLOBAL / _HOST */
-        return fc_initialized() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
-    return fc_mem_alloc_cur(dptr, bytesize);
 }
 
 /* ------------------------------------------------------- host memory, IPC */

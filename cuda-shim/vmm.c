@@ -1,7 +1,7 @@
 /*
  * vmm.c - virtual memory management of the fake driver (cuMemCreate/cuMemMap...) with POSIX
- * file-descriptor shareable handles (pitched, managed, host memory, IPC: memkinds.c; arrays:
- * arrays.c).
+ * file-descriptor shareable handles (pitched, host memory, IPC: memkinds.c; managed memory:
+ * managed.c; arrays: arrays.c).
  *
  * VMM is real here: a physical allocation is a memfd of the requested size,
  * cuMemAddressReserve reserves PROT_NONE address space and cuMemMap maps the

@@ -497,6 +497,8 @@ int client_run(const struct cu_api *api, int argc, char **argv)
             if (used < 0)
                 used = client_ctx_op(A, op, argc - i - 1, argv + i + 1, new_slot_ull, slot_ptr);
             if (used < 0)
+                used = client_managed_op(A, op, argc - i - 1, argv + i + 1, slot_ptr);
+            if (used < 0)
                 die("unknown op '%s'", op);
             i += used;
         }

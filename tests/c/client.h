@@ -77,7 +77,12 @@
     X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, 0) \
     X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, 0) \
     X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, 0) \
-    X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020, 0)
+    X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020, 0) \
+    X(cuDeviceGetDevResource, "cuDeviceGetDevResource", 12040, 0) \
+    X(cuDevResourceGenerateDesc, "cuDevResourceGenerateDesc", 12040, 0) \
+    X(cuGreenCtxCreate, "cuGreenCtxCreate", 12040, 0) \
+    X(cuCtxFromGreenCtx, "cuCtxFromGreenCtx", 12040, 0) \
+    X(cuGreenCtxDestroy, "cuGreenCtxDestroy", 12040, 0)
 /* Pool lifetimes, stream devices, graphs and graph memory (ops_pool.c). */
 #define CLIENT_POOL(X) \
     X(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, 0) \
@@ -107,6 +112,17 @@
     X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, 0) \
     X(cuDeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute", 11040, 0)
 
+/* Prefetches of managed memory (ops_managed.c), same form as CLIENT_EXTRA. */
+#define CLIENT_MANAGED(X) \
+    X(cuMemPrefetchAsync, "cuMemPrefetchAsync", 8000, 0) \
+    X(cuMemPrefetchAsync_ptsz, "cuMemPrefetchAsync", 8000, 2) \
+    X(cuMemPrefetchAsync_v2, "cuMemPrefetchAsync", 12020, 0) \
+    X(cuMemPrefetchAsync_v2_ptsz, "cuMemPrefetchAsync", 12020, 2) \
+    X(cuMemPrefetchBatchAsync, "cuMemPrefetchBatchAsync", 13000, 0) \
+    X(cuMemPrefetchBatchAsync_ptsz, "cuMemPrefetchBatchAsync", 13000, 2) \
+    X(cuMemDiscardAndPrefetchBatchAsync, "cuMemDiscardAndPrefetchBatchAsync", 13000, 0) \
+    X(cuMemDiscardAndPrefetchBatchAsync_ptsz, "cuMemDiscardAndPrefetchBatchAsync", 13000, 2)
+
 struct cu_api {
     CUresult (*cuInit)(unsigned int);
     CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
@@ -124,6 +140,7 @@ struct cu_api {
     CLIENT_EXTRA(FIELD)
     CLIENT_CTX(FIELD)
     CLIENT_POOL(FIELD)
+    CLIENT_MANAGED(FIELD)
 #undef FIELD
 };
 
@@ -150,6 +167,9 @@ int client_extra_op(const struct cu_api *api, const char *op, int argc, char **a
 int client_ctx_op(const struct cu_api *api, const char *op, int argc, char **argv,
                   unsigned long long (*new_slot)(unsigned long long),
                   unsigned long long (*slot)(const char *));
+/* Managed-memory prefetch ops (ops_managed.c), same contract as client_extra_op. */
+int client_managed_op(const struct cu_api *api, const char *op, int argc, char **argv,
+                      unsigned long long (*slot)(const char *));
 /* Pool lifetime and graph ops (ops_pool.c), same contract as client_extra_op. */
 int client_pool_op(const struct cu_api *api, const char *op, int argc, char **argv,
                    unsigned long long (*new_slot)(unsigned long long),

@@ -42,6 +42,7 @@ int main(int argc, char **argv)
     CLIENT_EXTRA(GET)
     CLIENT_CTX(GET)
     CLIENT_POOL(GET)
+    CLIENT_MANAGED(GET)
 #undef GET
     return client_run(&api, argc, argv);
 }

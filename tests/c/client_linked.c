@@ -21,6 +21,7 @@ int main(int argc, char **argv)
         CLIENT_EXTRA(SET)
         CLIENT_CTX(SET)
         CLIENT_POOL(SET)
+        CLIENT_MANAGED(SET)
 #undef SET
     };
     return client_run(&api, argc, argv);

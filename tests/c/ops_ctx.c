@@ -10,6 +10,10 @@
  *   release1 DEV | release2 DEV -> primrelease rc=N    (cuDevicePrimaryCtxRelease / _v2)
  *   reset1 DEV           -> reset rc=N                 (cuDevicePrimaryCtxReset, v1)
  *   primstate DEV        -> primstate rc=N active=A
+ *   green DEV            -> green rc=N id=G           (cuDeviceGetDevResource(SM), cuDevResourceGenerateDesc,
+ *                                                       cuGreenCtxCreate: it retains DEV's primary context)
+ *   greenctx G           -> greenctx rc=N id=C         (cuCtxFromGreenCtx: a context for push / destroy)
+ *   greendestroy G       -> greendestroy rc=N          (cuGreenCtxDestroy: releases the primary context)
  *   vamap K SIZE         -> vamap rc=N id=V            (reserve SIZE, map handle slot K over it,
  *                                                       grant access, write through it)
  *   vaunmap V [OFF SIZE] -> vaunmap rc=N               (cuMemUnmap of the whole mapping, or of
@@ -216,6 +220,19 @@ static int va_at(const char *s)
         exit(2);
     }
     return (int)k;
+}
+
+static CUgreenCtx g_green[64];
+static int g_ngreen;
+
+static CUgreenCtx green_at(const char *s)
+{
+    long k = client_parse_long(s);
+    if (k < 0 || k >= g_ngreen) {
+        fprintf(stderr, "client: no green context %s\n", s ? s : "(missing)");
+        exit(2);
+    }
+    return g_green[k];
 }
 
 static int keep_ctx(CUresult rc, CUcontext c)
@@ -464,6 +481,30 @@ int client_ctx_op(const struct cu_api *A, const char *op, int argc, char **argv,
         int active = -1;
         rc = A->cuDevicePrimaryCtxGetState((CUdevice)client_parse_long(ARG(0)), &flags, &active);
         OUT("primstate rc=%d active=%d", rc, active);
+        return 1;
+    }
+    if (!strcmp(op, "green")) {
+        CUdevice dev = (CUdevice)client_parse_long(ARG(0));
+        CUdevResource sm;
+        CUdevResourceDesc desc = NULL;
+        CUgreenCtx g = NULL;
+        rc = A->cuDeviceGetDevResource(dev, &sm, CU_DEV_RESOURCE_TYPE_SM);
+        if (rc == CUDA_SUCCESS)
+            rc = A->cuDevResourceGenerateDesc(&desc, &sm, 1);
+        if (rc == CUDA_SUCCESS)
+            rc = A->cuGreenCtxCreate(&g, desc, dev, 0);
+        if (rc == CUDA_SUCCESS && g_ngreen < 64)
+            g_green[g_ngreen++] = g;
+        OUT("green rc=%d id=%d", rc, g_ngreen - 1);
+        return 1;
+    }
+    if (!strcmp(op, "greenctx")) {
+        rc = A->cuCtxFromGreenCtx(&c, green_at(ARG(0)));
+        OUT("greenctx rc=%d id=%d", rc, keep_ctx(rc, c));
+        return 1;
+    }
+    if (!strcmp(op, "greendestroy")) {
+        OUT("greendestroy rc=%d", A->cuGreenCtxDestroy(green_at(ARG(0))));
         return 1;
     }
     if (!strcmp(op, "vamap")) {

@@ -41,6 +41,44 @@ fn the_last_primary_release_frees_the_primary_contexts_memory() {
     ]);
 }
 
+/// Green contexts (issue 23, item 8): a green context retains the primary context, its
+/// `CUcontext` is treated as the primary context, and what is allocated in it is the primary
+/// context's memory, freed when the primary context ends, whichever call ends it.
+#[test]
+fn a_green_contexts_memory_goes_with_the_last_primary_release() {
+    // The green context's destroy is the last release.
+    agree("init ctx 0 green 0 greenctx 0 push 0 alloc 200m pop release2 0 greendestroy 0 primstate 0 ctx 0 alloc 200m", &[
+        ("alloc", &[0, 0]),
+        ("greendestroy", &[0]),
+        ("primstate", &[0]),
+    ]);
+    // The application's own release is the last: the destroyed green context's memory lived on
+    // with the primary context until then (200 MiB more is refused in between).
+    agree("init ctx 0 green 0 greenctx 0 push 0 alloc 200m pop greendestroy 0 alloc 200m release1 0 ctx 0 alloc 200m", &[
+        ("alloc", &[0, 2, 0]),
+        ("primrelease", &[0]),
+    ]);
+    // Two green contexts on the device, arrays and pitched memory too; the primary context is
+    // never retained by the application: the second destroy ends it.
+    agree("init green 0 green 0 greenctx 0 greenctx 1 push 0 alloc 100m array 4096 4096 pop push 1 pitch 1000 32768 \
+           greendestroy 0 alloc 200m greendestroy 1 ctx 0 alloc 250m", &[
+        ("alloc", &[0, 2, 0]),
+        ("greendestroy", &[0, 0]),
+    ]);
+}
+
+#[test]
+fn a_primary_reset_frees_a_green_contexts_memory_and_its_context_cannot_be_destroyed() {
+    // cuCtxDestroy of a green context's CUcontext is refused (it stands for the primary context)
+    // and frees nothing; a primary reset frees what the green context allocated.
+    agree("init ctx 0 green 0 greenctx 0 push 0 alloc 200m destroy2 0 alloc 200m reset 0 alloc 200m pop greendestroy 0 \
+           alloc 50m alloc 50m", &[
+        ("destroy", &[201]),
+        ("alloc", &[0, 2, 0, 0, 2]),
+        ("reset", &[0]),
+    ]);
+}
+
 #[test]
 fn a_release_that_is_not_the_last_keeps_the_memory() {
     agree("init ctx 0 ctx 0 alloc 200m release2 0 primstate 0 alloc 200m release2 0 primstate 0 ctx 0 alloc 200m", &[

@@ -12,6 +12,9 @@ pub type CUdeviceptr = u64;
 /// 32-bit device pointer of the legacy v1 ABI (`cuMemAlloc`, `cuMemFree`).
 pub type CUdeviceptr_v1 = c_uint;
 pub type CUcontext = *mut c_void;
+/// A green context (CUDA 12.4) and a resource descriptor: opaque handles, never read.
+pub type CUgreenCtx = *mut c_void;
+pub type CUdevResourceDesc = *mut c_void;
 pub type cuuint64_t = u64;
 /// `CUdriverProcAddressQueryResult`, an enum (int) in C.
 pub type CUdriverProcAddressQueryResult = c_int;
@@ -20,6 +23,7 @@ pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;

@@ -7,7 +7,7 @@
 
 use crate::dl::Slot;
 use crate::ffi::*;
-use crate::intercept::{arrays, context, graph, host, init, mem, nvml, pool, procaddr, vmm};
+use crate::intercept::{arrays, context, graph, green, host, init, managed, mem, nvml, pool, procaddr, vmm};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,7 +150,35 @@ hook_table! {
         fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint)
             -> CUresult => mem::alloc_pitch_v2;
     Cuda "cuMemAllocManaged" 6000 false
-        fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> CUresult => mem::alloc_managed;
+        fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> CUresult => managed::alloc;
+    /// Prefetches make managed memory resident at their destination: charged there.
+    Cuda "cuMemPrefetchAsync" 8000 false
+        fn cuMemPrefetchAsync(ptr: CUdeviceptr, len: usize, dst: CUdevice, stream: CUstream) -> CUresult
+            => managed::prefetch_v1;
+    Cuda "cuMemPrefetchAsync" 8000 true
+        fn cuMemPrefetchAsync_ptsz(ptr: CUdeviceptr, len: usize, dst: CUdevice, stream: CUstream) -> CUresult
+            => managed::prefetch_v1_ptsz;
+    Cuda "cuMemPrefetchAsync" 12020 false
+        fn cuMemPrefetchAsync_v2(ptr: CUdeviceptr, len: usize, loc: CUmemLocation, flags: c_uint, stream: CUstream)
+            -> CUresult => managed::prefetch_v2;
+    Cuda "cuMemPrefetchAsync" 12020 true
+        fn cuMemPrefetchAsync_v2_ptsz(ptr: CUdeviceptr, len: usize, loc: CUmemLocation, flags: c_uint, stream: CUstream)
+            -> CUresult => managed::prefetch_v2_ptsz;
+    Cuda "cuMemPrefetchBatchAsync" 13000 false
+        fn cuMemPrefetchBatchAsync(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, locs: *mut CUmemLocation,
+            idxs: *mut usize, nlocs: usize, flags: u64, stream: CUstream) -> CUresult => managed::prefetch_batch;
+    Cuda "cuMemPrefetchBatchAsync" 13000 true
+        fn cuMemPrefetchBatchAsync_ptsz(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+            locs: *mut CUmemLocation, idxs: *mut usize, nlocs: usize, flags: u64, stream: CUstream) -> CUresult
+            => managed::prefetch_batch_ptsz;
+    Cuda "cuMemDiscardAndPrefetchBatchAsync" 13000 false
+        fn cuMemDiscardAndPrefetchBatchAsync(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+            locs: *mut CUmemLocation, idxs: *mut usize, nlocs: usize, flags: u64, stream: CUstream) -> CUresult
+            => managed::discard_prefetch_batch;
+    Cuda "cuMemDiscardAndPrefetchBatchAsync" 13000 true
+        fn cuMemDiscardAndPrefetchBatchAsync_ptsz(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+            locs: *mut CUmemLocation, idxs: *mut usize, nlocs: usize, flags: u64, stream: CUstream) -> CUresult
+            => managed::discard_prefetch_batch_ptsz;
     /// Legacy 32-bit ABI (CUDA < 3.2 callers).
     Cuda "cuMemAllocPitch" 2000 false
         fn cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint)
@@ -300,6 +328,14 @@ hook_table! {
             => context::create_v4;
     Cuda "cuCtxAttach" 2000 false fn cuCtxAttach(pctx: *mut CUcontext, flags: c_uint) -> CUresult => context::attach;
     Cuda "cuCtxDetach" 2000 false fn cuCtxDetach(ctx: CUcontext) -> CUresult => context::detach;
+    /// Green contexts share the primary context's memory: what is allocated in one goes when the
+    /// primary context ends (a green context's destroy releases it).
+    Cuda "cuGreenCtxCreate" 12040 false
+        fn cuGreenCtxCreate(g: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice, flags: c_uint) -> CUresult
+            => green::create;
+    Cuda "cuCtxFromGreenCtx" 12040 false
+        fn cuCtxFromGreenCtx(pctx: *mut CUcontext, g: CUgreenCtx) -> CUresult => green::to_context;
+    Cuda "cuGreenCtxDestroy" 12040 false fn cuGreenCtxDestroy(g: CUgreenCtx) -> CUresult => green::destroy;
 
     // Traced, not counted: host memory and memory another process owns.
     Cuda "cuMemHostAlloc" 2020 false
@@ -391,6 +427,9 @@ pub const PASS_UNKNOWN_VARIANTS: &[&str] = &[
     "cuCtxDetach",
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease",
+    "cuGreenCtxCreate",
+    "cuCtxFromGreenCtx",
+    "cuGreenCtxDestroy",
     // Pool look-ups and settings: an unregistered pool is matched or denied when it allocates.
     "cuDeviceGetDefaultMemPool",
     "cuDeviceGetMemPool",

@@ -255,9 +255,12 @@ pub enum Kind {
     /// Stream-ordered allocations. Their entries carry no charge of their own (the pool's reserved
     /// bytes are charged instead): they remember which device a free belongs to.
     AsyncPtr = 3,
+    /// `cuMemAllocManaged` allocations: one entry per device the allocation's pages count on, keyed
+    /// by base address + device ordinal (`intercept::managed`), charged what counts there.
+    Managed = 4,
 }
-const KINDS: usize = 4;
-pub const ALL_KINDS: [Kind; KINDS] = [Kind::DevicePtr, Kind::VmmHandle, Kind::Array, Kind::AsyncPtr];
+const KINDS: usize = 5;
+pub const ALL_KINDS: [Kind; KINDS] = [Kind::DevicePtr, Kind::VmmHandle, Kind::Array, Kind::AsyncPtr, Kind::Managed];
 
 impl Kind {
     /// Whether an entry's `size` is part of the device's charge.

@@ -110,6 +110,21 @@ pub fn alloc_settled(
     call: impl FnOnce() -> CUresult,
     read: impl FnOnce() -> (u64, u64),
 ) -> CUresult {
+    alloc_with(api, target, bound, call, read, |key, _, _, _| (kind, key))
+}
+
+/// Like [`alloc_settled`], where the ledger entry is not the pointer's own: after success
+/// `place(key, device, context, bytes)` says under which kind and ledger key the charge is kept
+/// (managed memory keeps one entry per device its pages count on).
+#[inline(always)]
+pub fn alloc_with(
+    api: Hook,
+    target: Target,
+    bound: u64,
+    call: impl FnOnce() -> CUresult,
+    read: impl FnOnce() -> (u64, u64),
+    place: impl FnOnce(u64, usize, u64, u64) -> (Kind, u64),
+) -> CUresult {
     let size = bound;
     match mode() {
         Mode::PassThrough => return call(),
@@ -141,9 +156,10 @@ pub fn alloc_settled(
                     }
                     ledger::commit(dev, real);
                     let charge = Charge { dev: dev as u16, size: real, ctx };
+                    let (kind, entry) = place(key, dev, ctx, real);
                     // An entry already under this key is an allocation whose free we never saw:
                     // the driver has reused the address, so that charge is gone.
-                    if let Some(stale) = ledger::insert(kind, key, charge) {
+                    if let Some(stale) = ledger::insert(kind, entry, charge) {
                         ledger::release(stale.dev as usize, stale.size);
                     }
                     emit(Op::Alloc, api, dev as i32, key, real, t, ledger::used(dev));
@@ -178,6 +194,11 @@ pub fn free(api: Hook, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) ->
         }
         c
     });
+    // Managed memory is kept apart (its pages can count on several devices): only a pointer the
+    // table does not hold can be one.
+    if taken.is_none() && kind == Kind::DevicePtr && super::managed::tracked() {
+        return super::managed::free(api, key, call);
+    }
     // Stamped when the call began (an allocation is stamped when its call returned): once the
     // driver has the free, another thread can be handed the same address, and that allocation's
     // event must not come out earlier than this free.

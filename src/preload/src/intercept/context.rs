@@ -9,6 +9,9 @@
 //!   taken where we could not see it (or before us) is never miscounted;
 //! - `cuDevicePrimaryCtxReset` (which keeps the retain count).
 //!
+//! A green context's `CUcontext` stands for the primary context: the primary context's end takes
+//! what was allocated in the device's green contexts too (`super::green`).
+//!
 //! Every charge records its context, and all of that context's charges of those kinds go once the
 //! driver has ended it. `cuMemCreate` handles and stream-ordered (pool) memory are *not* freed with
 //! a context (documented for `cuCtxDestroy`): they belong to the device and keep their charges.
@@ -35,39 +38,54 @@ static USES: Lock<Option<HashMap<u64, u32>>> = Lock::new(None);
 static PRIMARY: [AtomicU64; ledger::MAX_DEVICES] = [const { AtomicU64::new(0) }; ledger::MAX_DEVICES];
 
 /// What a context takes with it: the kinds of memory the driver frees at its end.
-const CONTEXT_OWNED: [Kind; 2] = [Kind::DevicePtr, Kind::Array];
+const CONTEXT_OWNED: [Kind; 3] = [Kind::DevicePtr, Kind::Array, Kind::Managed];
 
-fn serial() -> Guard<'static, Option<HashMap<u64, u32>>> {
+/// Taken around every context lifetime call (green contexts' too, `super::green`).
+pub(super) fn serial() -> Guard<'static, Option<HashMap<u64, u32>>> {
     install_fork_handlers();
     USES.lock()
 }
 
-fn release_context(api: Hook, ctx: u64) {
-    if ctx == 0 {
+/// After the driver ended these contexts (0s are skipped): their charges go.
+pub(super) fn release_contexts(api: Hook, ctxs: &[u64]) {
+    if ctxs.iter().all(|&c| c == 0) {
         return;
     }
-    for (_, key, c) in ledger::drain(&CONTEXT_OWNED, |c| c.ctx == ctx) {
+    for (_, key, c) in ledger::drain(&CONTEXT_OWNED, |c| c.ctx != 0 && ctxs.contains(&c.ctx)) {
         ledger::release(c.dev as usize, c.size);
         emit(Op::Free, api, c.dev as i32, key, c.size, Timed::instant(CUDA_SUCCESS), ledger::used(c.dev as usize));
     }
+    super::managed::contexts_ended(ctxs);
 }
 
-/// After the driver ended `ctx`.
-fn ended(api: Hook, ctx: u64) {
+/// After the driver ended these contexts.
+pub(super) fn ended(api: Hook, ctxs: &[u64]) {
     // The address may come back as another device's context.
     super::contexts_changed();
-    release_context(api, ctx);
+    release_contexts(api, ctxs);
+}
+
+/// Moves the context-owned charges of `from` to `to` (a green context destroyed while the primary
+/// context it shares memory with lives on: its memory is the primary context's, and goes at its end).
+pub(super) fn rekey(from: u64, to: u64) {
+    if from == 0 || to == 0 {
+        return;
+    }
+    for (kind, key, c) in ledger::drain(&CONTEXT_OWNED, |c| c.ctx == from) {
+        ledger::insert(kind, key, ledger::Charge { ctx: to, ..c });
+    }
+    super::managed::rekey(from, to);
 }
 
 /// Charges of a context that the coming driver call will end, taken out before the call: the
 /// driver frees their memory during the call and another thread may be handed it at once, so it
 /// must stop counting as held first (as `charge::free` does). Their charge stays until
 /// [`ending_done`].
-fn ending(ctx: u64) -> Vec<(Kind, u64, ledger::Charge)> {
-    if ctx == 0 {
+fn ending(ctxs: &[u64]) -> Vec<(Kind, u64, ledger::Charge)> {
+    if ctxs.iter().all(|&c| c == 0) {
         return Vec::new();
     }
-    let taken = ledger::drain(&CONTEXT_OWNED, |c| c.ctx == ctx);
+    let taken = ledger::drain(&CONTEXT_OWNED, |c| c.ctx != 0 && ctxs.contains(&c.ctx));
     for (_, _, c) in &taken {
         ledger::uncommit(c.dev as usize, c.size);
     }
@@ -75,7 +93,7 @@ fn ending(ctx: u64) -> Vec<(Kind, u64, ledger::Charge)> {
 }
 
 /// After the call [`ending`] prepared: ended (`ok`), the charges go; otherwise they are put back.
-fn ending_done(api: Hook, ctx: u64, taken: Vec<(Kind, u64, ledger::Charge)>, ok: bool) {
+fn ending_done(api: Hook, ctxs: &[u64], taken: Vec<(Kind, u64, ledger::Charge)>, ok: bool) {
     if ok {
         super::contexts_changed();
         for (_, key, c) in taken {
@@ -83,7 +101,7 @@ fn ending_done(api: Hook, ctx: u64, taken: Vec<(Kind, u64, ledger::Charge)>, ok:
             emit(Op::Free, api, c.dev as i32, key, c.size, Timed::instant(CUDA_SUCCESS), ledger::used(c.dev as usize));
         }
         // Anything charged to the context while the call was in flight went with it too.
-        release_context(api, ctx);
+        release_contexts(api, ctxs);
     } else {
         for (kind, key, c) in taken {
             ledger::commit(c.dev as usize, c.size);
@@ -97,13 +115,13 @@ unsafe fn destroy(api: Hook, f: unsafe extern "C" fn(CUcontext) -> CUresult, ctx
         return unsafe { f(ctx) };
     }
     let mut uses = serial();
-    let taken = guarded(Vec::new(), || ending(ctx as u64));
+    let taken = guarded(Vec::new(), || ending(&[ctx as u64]));
     let rc = unsafe { f(ctx) };
     guarded((), || {
         if rc == CUDA_SUCCESS {
             uses.get_or_insert_with(HashMap::new).remove(&(ctx as u64));
         }
-        ending_done(api, ctx as u64, taken, rc == CUDA_SUCCESS);
+        ending_done(api, &[ctx as u64], taken, rc == CUDA_SUCCESS);
     });
     rc
 }
@@ -184,7 +202,7 @@ pub unsafe fn detach(ctx: CUcontext) -> CUresult {
     let key = ctx as u64;
     // The last use we know of: the call ends the context.
     let last = guarded(false, || uses.as_ref().and_then(|m| m.get(&key)) == Some(&1));
-    let taken = if last { guarded(Vec::new(), || ending(key)) } else { Vec::new() };
+    let taken = if last { guarded(Vec::new(), || ending(&[key])) } else { Vec::new() };
     let rc = unsafe { f(ctx) };
     guarded((), || {
         let mut gone = false;
@@ -199,7 +217,7 @@ pub unsafe fn detach(ctx: CUcontext) -> CUresult {
             }
         }
         if last || gone {
-            ending_done(Hook::cuCtxDetach, key, taken, gone);
+            ending_done(Hook::cuCtxDetach, &[key], taken, gone);
         }
     });
     rc
@@ -227,7 +245,7 @@ fn active_primary(dev: CUdevice) -> u64 {
 
 /// The primary context of `dev`: the driver's answer while it is active (a reset may have given
 /// it a new handle), else the one we last saw retained.
-fn primary_of(dev: CUdevice) -> u64 {
+pub(super) fn primary_of(dev: CUdevice) -> u64 {
     match active_primary(dev) {
         0 => usize::try_from(dev).ok().and_then(|d| PRIMARY.get(d)).map_or(0, |p| p.load(Ordering::Acquire)),
         ctx => ctx,
@@ -236,7 +254,7 @@ fn primary_of(dev: CUdevice) -> u64 {
 
 /// Whether the driver still holds `dev`'s primary context. Unknown counts as yes: keeping
 /// charges of memory that is gone can only deny, dropping them could hand out memory that exists.
-fn primary_active(dev: CUdevice) -> bool {
+pub(super) fn primary_active(dev: CUdevice) -> bool {
     let Some(state) = import::cuDevicePrimaryCtxGetState() else { return true };
     let (mut flags, mut active) = (0, 0);
     let rc = unsafe { state(dev, &mut flags, &mut active) };
@@ -269,7 +287,8 @@ unsafe fn primary_release(api: Hook, f: unsafe extern "C" fn(CUdevice) -> CUresu
         && guarded(false, || {
             let gone = !primary_active(dev);
             if gone {
-                ended(api, ctx);
+                // What was allocated in the device's green contexts is the primary context's memory.
+                ended(api, &super::green::with_primary(dev, ctx));
             }
             gone
         });
@@ -295,10 +314,10 @@ unsafe fn reset(api: Hook, f: unsafe extern "C" fn(CUdevice) -> CUresult, dev: C
         return unsafe { f(dev) };
     }
     let serial = serial();
-    let ctx = guarded(0, || primary_of(dev));
-    let taken = guarded(Vec::new(), || ending(ctx));
+    let ctxs = guarded(Vec::new(), || super::green::with_primary(dev, primary_of(dev)));
+    let taken = guarded(Vec::new(), || ending(&ctxs));
     let rc = unsafe { f(dev) };
-    guarded((), || ending_done(api, ctx, taken, rc == CUDA_SUCCESS));
+    guarded((), || ending_done(api, &ctxs, taken, rc == CUDA_SUCCESS));
     drop(serial);
     if rc == CUDA_SUCCESS {
         device_reset();
@@ -309,7 +328,7 @@ unsafe fn reset(api: Hook, f: unsafe extern "C" fn(CUdevice) -> CUresult, dev: C
 /// A primary context reset "cleans up all resources associated with the current device": whatever
 /// the driver did to the device's pools, re-read what they hold (outside our lock: pools have
 /// their own bookkeeping).
-fn device_reset() {
+pub(super) fn device_reset() {
     guarded((), || {
         super::pool::refresh(None);
     });
@@ -339,10 +358,13 @@ fn install_fork_handlers() {
         USES.reset_in_child();
     }
     FORK_HANDLERS.call_once(|| unsafe {
-        // This lock is taken before ledger locks (the drain) and the VMM table's (never inside
-        // it): register after both, so that prepare takes it first.
+        // This lock is taken before ledger locks (the drain), the VMM table's (never inside it)
+        // and the managed-memory table's: register after them, so that prepare takes it first.
         ledger::install_fork_handlers();
         super::handles::install_fork_handlers();
+        // The managed-memory table is taken inside this lock too (a context's end forgets its
+        // allocations).
+        super::managed::install_fork_handlers();
         libc::pthread_atfork(Some(prepare), Some(parent), Some(child));
     });
 }

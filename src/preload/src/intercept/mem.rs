@@ -43,14 +43,6 @@ pub unsafe fn alloc_pitch_v1(dptr: *mut CUdeviceptr_v1, pitch: *mut c_uint, widt
     })
 }
 
-/// Managed memory is counted as device memory on the current device: it can all be resident
-/// there, and the cap must hold when it is.
-pub unsafe fn alloc_managed(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> CUresult {
-    let Some(f) = real::cuMemAllocManaged() else { return MISSING_REAL };
-    let call = || unsafe { f(dptr, size, flags) };
-    charge::alloc(Hook::cuMemAllocManaged, Kind::DevicePtr, Target::CurrentContext, size as u64, call, || unsafe { *dptr })
-}
-
 pub unsafe fn free_v2(ptr: CUdeviceptr) -> CUresult {
     let Some(f) = real::cuMemFree_v2() else { return MISSING_REAL };
     charge::free(Hook::cuMemFree_v2, Kind::DevicePtr, ptr, || unsafe { f(ptr) })

@@ -179,7 +179,7 @@ pub unsafe fn map_array_async_ptsz(info: *mut c_void, count: c_uint, stream: CUs
 
 /// Limits resolved, and none on any device, for the process or a group. Unsure (limits not
 /// resolved, a configuration that failed closed) is not "none".
-fn no_cap_applies() -> bool {
+pub(super) fn no_cap_applies() -> bool {
     mode() == Mode::Enforce
         && super::init::ensure_limits().is_ok()
         && !crate::group::active()
