@@ -277,6 +277,19 @@ typedef struct {
 /* CUgraphInstantiate_flags */
 #define CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH 1
 #define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD              2
+/* cuGraphExecUpdate: CUgraphExecUpdateResult, the _v2 result info, its failure code. */
+#define CU_GRAPH_EXEC_UPDATE_SUCCESS                 0
+#define CU_GRAPH_EXEC_UPDATE_ERROR                   1
+#define CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED  2
+#define CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED 3
+#define CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED 5
+#define CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED     6
+#define CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE         910
+typedef struct {
+    int result;
+    CUgraphNode errorNode;
+    CUgraphNode errorFromNode;
+} CUgraphExecUpdateResultInfo;
 /* CUgraphChildGraphNodeOwnership (CUDA 12.9) */
 #define CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE 0
 #define CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE  1
@@ -329,6 +342,8 @@ CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph, const C
                                size_t numDependencies, CUdeviceptr dptr);
 CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
                             char *logBuffer, size_t bufferSize);
+CUresult cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphNode *hErrorNode_out, int *updateResult_out);
+CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo *resultInfo);
 CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
                                char *logBuffer, size_t bufferSize);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags);

@@ -145,6 +145,15 @@ static void config_load_once(void)
         else
             bad_var("FAKECUDA_FREE_DELAY_US", v);
     }
+    /* A driver whose relaunch of an auto-free graph takes this long to reach the memory the last
+     * launch left (it frees and reuses it then): whatever another thread does meanwhile happens
+     * between the call and that reuse. */
+    if ((v = getenv("FAKECUDA_RELAUNCH_DELAY_US"))) {
+        if (parse_int(v, 0, 10000000, &n) == 0)
+            fc_cfg.relaunch_delay_us = n;
+        else
+            bad_var("FAKECUDA_RELAUNCH_DELAY_US", v);
+    }
     if ((v = getenv("FAKECUDA_FAIL_ALLOC"))) {
         char buf[64];
         char *colon;
@@ -404,6 +413,7 @@ FC_API int fakecuda_stats(int dev, fakecuda_stats_t *out)
     struct fc_devstats *s;
 
     fc_config_load();
+    fc_vmm_reap();
     if (!out || !valid_dev(dev))
         return -1;
     s = &fc_stats[dev];

@@ -276,12 +276,14 @@ static uintptr_t small_get(struct device *d, int devno, int arena, int cls,
     return p;
 }
 
-/* Book-keeping of a successful allocation or free; device lock held. */
-static void account(struct device *d, int devno, long long delta, int live_delta)
+/* Book-keeping of a successful allocation or free; device lock held. `shared`: the bytes are new
+ * to (or gone from) the device itself, not only from this process's view of it. */
+static inline __attribute__((always_inline)) void account_in(struct device *d, int devno, long long delta, int live_delta, int shared)
 {
     struct fc_devstats *st = &fc_stats[devno];
 
-    fc_shared_device_account(devno, delta);
+    if (shared)
+        fc_shared_device_account(devno, delta);
 
     d->held += (unsigned long long)delta;
     d->live += (unsigned long long)(long long)live_delta;
@@ -290,6 +292,11 @@ static void account(struct device *d, int devno, long long delta, int live_delta
     atomic_store_explicit(&st->bytes_held, d->held, memory_order_relaxed);
     atomic_store_explicit(&st->live_allocs, d->live, memory_order_relaxed);
     atomic_store_explicit(&st->peak_bytes, d->peak, memory_order_relaxed);
+}
+
+static void account(struct device *d, int devno, long long delta, int live_delta)
+{
+    account_in(d, devno, delta, live_delta, 1);
 }
 
 /* Common allocation path; `arena` selects the v2 or the 32-bit v1 space. */
@@ -494,6 +501,17 @@ int fc_mem_account(int dev, long long delta, int live_delta)
     return ok;
 }
 
+/* This process's view only: memory another process allocated that this one now holds too (an
+ * imported shareable handle), or stops holding while others still do. Never refused. */
+void fc_mem_charge_local(int dev, long long delta)
+{
+    struct device *d = &g_dev[dev];
+
+    pthread_mutex_lock(&d->lock);
+    account_in(d, dev, delta, delta > 0 ? 1 : -1, 0);
+    pthread_mutex_unlock(&d->lock);
+}
+
 int fc_mem_charge(int dev, long long delta)
 {
     return fc_mem_account(dev, delta, delta > 0 ? 1 : -1);
@@ -559,51 +577,4 @@ FC_API CUresult cuMemFree(CUdeviceptr_v1 dptr)
 {
     FC_COUNT(cuMemFree);
     return mem_free((uintptr_t)dptr);
-}
-
-static CUresult mem_info(unsigned long long *freeb, unsigned long long *total)
-{
-    struct fc_ctx *ctx;
-    int dev;
-
-    if (!fc_initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!freeb || !total)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!(ctx = fc_current_ctx()))
-        return CUDA_ERROR_INVALID_CONTEXT;
-    dev = ctx->dev;
-    pthread_mutex_lock(&g_dev[dev].lock);
-    *total = fc_cfg.mem[dev];
-    *freeb = fc_cfg.mem[dev] - g_dev[dev].held;
-    pthread_mutex_unlock(&g_dev[dev].lock);
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
-{
-    unsigned long long f, t;
-    CUresult rc;
-
-    FC_COUNT(cuMemGetInfo_v2);
-    rc = mem_info(free_bytes ? &f : NULL, total_bytes ? &t : NULL);
-    if (rc == CUDA_SUCCESS) {
-        *free_bytes = (size_t)f;
-        *total_bytes = (size_t)t;
-    }
-    return rc;
-}
-
-FC_API CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
-{
-    unsigned long long f, t;
-    CUresult rc;
-
-    FC_COUNT(cuMemGetInfo);
-    rc = mem_info(free_bytes ? &f : NULL, total_bytes ? &t : NULL);
-    if (rc == CUDA_SUCCESS) {       /* 32-bit ABI: saturate */
-        *free_bytes = f > 0xffffffffULL ? 0xffffffffU : (unsigned int)f;
-        *total_bytes = t > 0xffffffffULL ? 0xffffffffU : (unsigned int)t;
-    }
-    return rc;
 }

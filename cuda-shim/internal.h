@@ -53,6 +53,7 @@ struct fc_config {
     int driver_version;
     int init_fail;                          /* 0 = cuInit succeeds */
     long free_delay_us;                     /* FAKECUDA_FREE_DELAY_US: cuMemFree_v2, cuMemFreeAsync return this late */
+    long relaunch_delay_us;                 /* FAKECUDA_RELAUNCH_DELAY_US: see fc_config_load */
     unsigned long long mem[FC_MAX_DEVICES]; /* total bytes per device */
 };
 extern struct fc_config fc_cfg;
@@ -130,6 +131,9 @@ extern struct fc_devstats fc_stats[FC_MAX_DEVICES];
 void fc_mem_config_fail(long long nth, int code); /* from FAKECUDA_FAIL_ALLOC */
 CUresult fc_mem_inject(void);                      /* the armed failure, or 0 */
 int fc_mem_charge(int dev, long long delta);      /* 0 ok, -1 does not fit */
+void fc_mem_charge_local(int dev, long long delta); /* this process's view only (imports) */
+/* vmm.c: frees exported memory whose last holder was this process once no exported fd is open. */
+void fc_vmm_reap(void);
 int fc_mem_account(int dev, long long delta, int live_delta); /* fc_mem_charge, live count given */
 /* Managed memory (managed.c): cuMemFree of one (0; -1: not managed memory), a context's end. */
 int fc_managed_free(uintptr_t p);
@@ -146,7 +150,7 @@ void fc_arrays_ctx_gone(struct fc_ctx *c);     /* arrays.c: arrays made in c */
 void fc_pools_sync(int dev);
 int fc_stream_dev(CUstream s);              /* -1: bad stream or no context */
 struct fc_ctx *fc_stream_ctx(CUstream s);   /* NULL: bad stream or no context */
-/* Graphs (graph.c): an allocation or free on a capturing stream becomes a graph node (returns 1);
+/* Graphs (graph.c, graph_exec.c, graph_mem.c): an allocation or free on a capturing stream becomes a graph node (returns 1);
  * graph memory a launch left allocated is freed by cuMemFreeAsync (returns 1 if dptr was one). */
 /* The stream a _ptsz entry point means: its default stream is the per-thread one. */
 CUstream fc_ptsz_stream(CUstream s);

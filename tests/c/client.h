@@ -107,6 +107,8 @@
     X(cuGraphUpload, "cuGraphUpload", 11010, 0) \
     X(cuGraphUpload_ptsz, "cuGraphUpload", 11010, 2) \
     X(cuGraphExecDestroy, "cuGraphExecDestroy", 10000, 0) \
+    X(cuGraphExecUpdate, "cuGraphExecUpdate", 10020, 0) \
+    X(cuGraphExecUpdate_v2, "cuGraphExecUpdate", 12000, 0) \
     X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, 0) \
     X(cuDeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute", 11040, 0)
 
@@ -175,6 +177,12 @@ int client_pool_op(const struct cu_api *api, const char *op, int argc, char **ar
 
 /* Pool P of the client_ops.c pool table (exits when there is none). */
 CUmemoryPool client_pool(const char *s);
+/* Graph races and updates (ops_graph.c); executable graphs are numbered by ops_pool.c. */
+int client_graph_op(const struct cu_api *api, const char *op, int argc, char **argv,
+                    unsigned long long (*new_slot)(unsigned long long),
+                    unsigned long long (*slot)(const char *));
+CUgraphExec client_exec(const char *s);
+int client_keep_exec(CUresult rc, CUgraphExec e);
 
 /* Front-end helper: complain and exit when a function could not be resolved. */
 void client_need(const void *fn, const char *what);

@@ -25,6 +25,15 @@
  *   export K             -> export rc=N id=F           (cuMemExportToShareableHandle(slot K), POSIX fd)
  *   import F             -> import rc=N slot=K same=1  (cuMemImportFromShareableHandle(fd F): handle in a
  *                                                       new slot; same: the exported handle's value)
+ *   fdclose F            -> fdclose rc=N                (close the exported or received fd F)
+ *   fdlisten PATH        -> fdlisten rc=N               (a unix socket listening at PATH)
+ *   fdrecv               -> fdrecv rc=N id=F            (accept one connection on it, receive an fd
+ *                                                       (SCM_RIGHTS) as F; `import F` imports it)
+ *   fdack                -> fdack rc=N                  (answer the sender, close the connection)
+ *   fdsend F PATH        -> fdsend rc=N                 (send fd F to PATH, wait for the answer,
+ *                                                       close F here)
+ *   waitfifo PATH        -> waitfifo rc=N               (block until the FIFO at PATH is opened for
+ *                                                       writing and closed: the test says go)
  *   vmmstorm T N SIZE    -> vmmstorm ok=A oom=O other=E (T threads × N rounds of cuMemCreate SIZE,
  *                                                       map, release right after mapping, unmap; every
  *                                                       other round NCCL's way: retain from the
@@ -44,7 +53,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -76,6 +88,128 @@ static CUcontext ctx_at(const char *s)
         exit(2);
     }
     return g_ctx[k];
+}
+
+static int g_listen = -1, g_conn = -1;
+
+static int fd_at(const char *s)
+{
+    long k = client_parse_long(s);
+    if (k < 0 || k >= g_nfd) {
+        fprintf(stderr, "client: no fd %s\n", s ? s : "(missing)");
+        exit(2);
+    }
+    return (int)k;
+}
+
+static struct sockaddr_un unix_addr(const char *path)
+{
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    if (!path || strlen(path) >= sizeof a.sun_path) {
+        fprintf(stderr, "client: bad socket path\n");
+        exit(2);
+    }
+    strcpy(a.sun_path, path);
+    return a;
+}
+
+/* Sends fd over a connected unix socket (SCM_RIGHTS): 0 or -1. */
+static int send_fd(int sock, int fd)
+{
+    char byte = 'f', ctl[CMSG_SPACE(sizeof(int))];
+    struct iovec io = { &byte, 1 };
+    struct msghdr m;
+    struct cmsghdr *c;
+    memset(&m, 0, sizeof m);
+    memset(ctl, 0, sizeof ctl);
+    m.msg_iov = &io;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    return sendmsg(sock, &m, 0) == 1 ? 0 : -1;
+}
+
+static int recv_fd(int sock)
+{
+    char byte, ctl[CMSG_SPACE(sizeof(int))];
+    struct iovec io = { &byte, 1 };
+    struct msghdr m;
+    struct cmsghdr *c;
+    int fd = -1;
+    memset(&m, 0, sizeof m);
+    m.msg_iov = &io;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    if (recvmsg(sock, &m, MSG_CMSG_CLOEXEC) != 1 || !(c = CMSG_FIRSTHDR(&m)) || c->cmsg_type != SCM_RIGHTS)
+        return -1;
+    memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    return fd;
+}
+
+/* The fd passing ops (see the list above): 1 + arguments used, or 0 for another op. */
+static int fd_op(const char *op, int argc, char **argv)
+{
+#define FARG(i) ((i) < argc ? argv[i] : NULL)
+    if (!strcmp(op, "fdclose")) {
+        int k = fd_at(FARG(0));
+        OUT("fdclose rc=%d", close(g_fd[k].fd) == 0 ? 0 : 1);
+        return 2;
+    }
+    if (!strcmp(op, "fdlisten")) {
+        struct sockaddr_un a = unix_addr(FARG(0));
+        g_listen = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        OUT("fdlisten rc=%d", g_listen >= 0 && bind(g_listen, (struct sockaddr *)&a, sizeof a) == 0 &&
+                                      listen(g_listen, 1) == 0 ? 0 : 1);
+        return 2;
+    }
+    if (!strcmp(op, "fdrecv")) {
+        int fd = (g_conn = accept4(g_listen, NULL, NULL, SOCK_CLOEXEC)) >= 0 ? recv_fd(g_conn) : -1;
+        if (fd >= 0 && g_nfd < 64) {
+            g_fd[g_nfd].fd = fd;
+            g_fd[g_nfd].h = 0;
+            g_nfd++;
+        }
+        OUT("fdrecv rc=%d id=%d", fd >= 0 ? 0 : 1, fd >= 0 ? g_nfd - 1 : -1);
+        return 1;
+    }
+    if (!strcmp(op, "fdack")) {
+        OUT("fdack rc=%d", g_conn >= 0 && write(g_conn, "a", 1) == 1 && close(g_conn) == 0 ? 0 : 1);
+        g_conn = -1;
+        return 1;
+    }
+    if (!strcmp(op, "fdsend")) {
+        int k = fd_at(FARG(0)), ok = 0;
+        struct sockaddr_un a = unix_addr(FARG(1));
+        int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        char byte;
+        if (s >= 0 && connect(s, (struct sockaddr *)&a, sizeof a) == 0 && send_fd(s, g_fd[k].fd) == 0 &&
+            read(s, &byte, 1) == 1)
+            ok = 1;
+        if (s >= 0)
+            close(s);
+        close(g_fd[k].fd);
+        OUT("fdsend rc=%d", ok ? 0 : 1);
+        return 3;
+    }
+    if (!strcmp(op, "waitfifo")) {
+        char buf[16];
+        const char *path = FARG(0);
+        int fd = path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+        while (fd >= 0 && read(fd, buf, sizeof buf) > 0)
+            ;
+        OUT("waitfifo rc=%d", fd >= 0 && close(fd) == 0 ? 0 : 1);
+        return 2;
+    }
+    return 0;
+#undef FARG
 }
 
 static int va_at(const char *s)
@@ -447,6 +581,8 @@ int client_ctx_op(const struct cu_api *A, const char *op, int argc, char **argv,
         OUT("import rc=%d slot=%llu same=%d", rc, new_slot(rc ? 0 : h), rc == CUDA_SUCCESS && h == g_fd[k].h);
         return 1;
     }
+    if ((rc = fd_op(op, argc, argv)) != 0)
+        return (int)rc - 1;
     if (!strcmp(op, "vmmstorm") || !strcmp(op, "ctxstorm")) {
         long t = client_parse_long(ARG(0));
         unsigned long long n = client_parse_size(ARG(1));

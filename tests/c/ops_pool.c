@@ -228,6 +228,18 @@ static void keep_exec(CUresult rc, CUgraphExec e)
         g_execs[g_nexecs++] = e;
 }
 
+/* For ops_graph.c. */
+CUgraphExec client_exec(const char *s)
+{
+    return exec_arg(s);
+}
+
+int client_keep_exec(CUresult rc, CUgraphExec e)
+{
+    keep_exec(rc, e);
+    return g_nexecs - 1;
+}
+
 int client_pool_op(const struct cu_api *api, const char *op, int argc, char **argv,
                    unsigned long long (*new_slot)(unsigned long long),
                    unsigned long long (*slot)(const char *))
@@ -530,7 +542,6 @@ int client_pool_op(const struct cu_api *api, const char *op, int argc, char **ar
         OUT("asyncbench ns_per_pair=%.1f errors=%llu", pairs ? ns / (double)pairs : 0.0, errors);
         return 2;
     }
-    (void)slot;
-    return -1;
+    return client_graph_op(A, op, argc, argv, new_slot, slot);
 #undef ARG
 }

@@ -6,7 +6,7 @@ use vramcap_tests::common;
 use common::*;
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::Ordering::*;
 use std::time::{Duration, Instant};
 use vramcap_common::group_ledger::file;
 
@@ -149,25 +149,6 @@ fn bad_specs_are_refused_naming_the_input() {
     a.sigkill();
 }
 
-/// The fake driver's device counters shared by the members ({held, peak} per device, u64).
-struct Device(*mut AtomicU64);
-
-impl Device {
-    fn open(path: &Path) -> Device {
-        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
-        f.set_len(64 * 16).unwrap();
-        use std::os::fd::AsRawFd;
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), 64 * 16, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.as_raw_fd(), 0) };
-        assert_ne!(p, libc::MAP_FAILED);
-        Device(p.cast())
-    }
-    fn held(&self) -> u64 {
-        unsafe { &*self.0 }.load(SeqCst)
-    }
-    fn peak(&self) -> &AtomicU64 {
-        unsafe { &*self.0.add(1) }
-    }
-}
 
 /// 4 processes × 16 threads allocate and free while the budget moves up and down. After each
 /// change, once the group's ledger is within the new budget (what was held before a shrink is
@@ -176,7 +157,7 @@ impl Device {
 fn budgets_moving_under_sixty_four_racing_threads_are_never_passed() {
     let dir = private_group_dir();
     let devfile = dir.join("device");
-    let dev = Device::open(&devfile);
+    let dev = SharedDevice::open(&devfile);
     let deadline = Instant::now() + Duration::from_secs(12);
     let runs: Vec<_> = (0..4)
         .map(|i| {

@@ -5,5 +5,6 @@ mod group_hostile;
 mod group_observe;
 mod group_policy;
 mod group_sharing;
+mod exported;
 mod live_budget;
 mod replay_agrees;

@@ -374,3 +374,24 @@ impl Output {
         v[n]
     }
 }
+
+/// The fake driver's device counters shared by processes (`FAKECUDA_SHARED_DEVICE`: {held, peak}
+/// per device, u64): what one physical GPU would hold, whoever allocated it. Device 0's.
+pub struct SharedDevice(*mut std::sync::atomic::AtomicU64);
+
+impl SharedDevice {
+    pub fn open(path: &Path) -> SharedDevice {
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
+        f.set_len(64 * 16).unwrap();
+        use std::os::fd::AsRawFd;
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), 64 * 16, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        SharedDevice(p.cast())
+    }
+    pub fn held(&self) -> u64 {
+        unsafe { &*self.0 }.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    pub fn peak(&self) -> &std::sync::atomic::AtomicU64 {
+        unsafe { &*self.0.add(1) }
+    }
+}

@@ -276,6 +276,12 @@ hook_table! {
     Cuda "cuGraphUpload" 11010 true
         fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => graph::upload_ptsz;
     Cuda "cuGraphExecDestroy" 10000 false fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult => graph::exec_destroy;
+    // Whole-graph update: the executable graph's memory nodes follow the graph it is updated with.
+    Cuda "cuGraphExecUpdate" 10020 false
+        fn cuGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, result: *mut c_int) -> CUresult
+        => graph::exec_update_v1;
+    Cuda "cuGraphExecUpdate" 12000 false
+        fn cuGraphExecUpdate_v2(exec: CUgraphExec, graph: CUgraph, info: *mut c_void) -> CUresult => graph::exec_update_v2;
     Cuda "cuDeviceGraphMemTrim" 11040 false fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult => graph::mem_trim;
 
     // Arrays: bytes from the descriptor.

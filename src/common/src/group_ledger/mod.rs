@@ -10,6 +10,7 @@
 //! - [`budget`]: who set a device's budget (an operator's `vramcap limit`, or a member).
 //! - [`join`]: a member's start: the group's policy and headroom, its reserve, the headroom holder.
 //! - [`loan`]: reserve a higher priority took, given back to its lender when freed.
+//! - [`exports`]: exported VMM memory that outlives its exporter while imports hold it.
 //! - [`file`]: creating, opening and checking the file; [`guard`]: a file truncated while mapped.
 //! - [`liveness`]: whether the process a slot names still runs, from any PID namespace.
 //!
@@ -17,6 +18,7 @@
 
 pub mod admit;
 pub mod budget;
+pub mod exports;
 pub mod file;
 pub mod guard;
 pub mod join;

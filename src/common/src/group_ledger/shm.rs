@@ -26,9 +26,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// an operator set with `vramcap limit` (`operator_limit`), which later members adopt; per member
 /// the reserve it took from lower priorities, by lender and device, so that it goes back to its
 /// lender when freed, and whether it started late (who may take the headroom).
-/// 5 (issue 26, observe mode): the header's former padding word is the group's mode
-/// ([`MODE_ENFORCE`] or [`MODE_OBSERVE`]); a version 4 member would enforce while the group
-/// observes, or ignore a group that enforces.
+/// 5 (issues 23 and 26): the header's former padding word is the group's mode ([`MODE_ENFORCE`] or
+/// [`MODE_OBSERVE`]; a version 4 member would enforce while the group observes, or ignore a group
+/// that enforces); exported VMM memory outlives its exporter: per member the bytes of its charge
+/// it exported as shareable handles and the count of shareable handles it imported from others;
+/// per device the exported bytes whose exporter ended while members held imports (`orphans`).
 pub const VERSION: u32 = 5;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
@@ -121,6 +123,13 @@ pub struct Slot {
     pub loan_bytes: [AtomicU64; LOANS],
     /// [`LATE`]: set at start, cleared when the slot is claimed.
     pub flags: AtomicU64,
+    /// Bytes of `charge` per device entry that are allocations this member exported as shareable
+    /// handles (`cuMemExportToShareableHandle`): memory that may live on in an importer after
+    /// this member ends.
+    pub exported: [AtomicU64; DEVICES],
+    /// Shareable handles imported from other processes that this member still holds (a reference
+    /// or a mapping): while any member holds one, exported memory of ended members stays charged.
+    pub imports: AtomicU64,
 }
 
 /// `Header::mode`: members refuse what does not fit.
@@ -136,6 +145,10 @@ pub const LATE: u64 = 1;
 pub struct Shared {
     pub header: Header,
     pub devices: [Device; DEVICES],
+    /// Per device entry: bytes exported by members that have ended, kept in `held` while any
+    /// member holds an imported shareable handle (the importer's mapping keeps the memory alive;
+    /// which export it came from the driver does not say). Given back when no member holds one.
+    pub orphans: [AtomicU64; DEVICES],
     pub slots: [Slot; SLOTS],
 }
 
@@ -256,7 +269,7 @@ impl Policy {
 
 impl Shared {
     /// A ledger on the heap, as a freshly created file holds it: what `vramcap replay --policy`
-    /// runs the library's admission over (and unit tests). About 1.9 MiB.
+    /// runs the library's admission over (and unit tests). About 2.5 MiB.
     pub fn in_memory(name: &str) -> Box<Shared> {
         let layout = std::alloc::Layout::new::<Shared>();
         // Every field is an atomic integer, for which all-zero bytes are a valid value.
@@ -396,20 +409,35 @@ impl Shared {
         s.word.compare_exchange(w, mine.pack(), AcqRel, Relaxed).ok()?;
         let mut total = 0;
         let loans = s.loans_on.load(Acquire);
+        // Its imports go first: whether its exports must outlive it is asked of the others.
+        let imported = s.imports.swap(0, SeqCst);
+        let mut orphaned = false;
         for e in 0..DEVICES {
             // Zero the slot first: a kill right here leaks (stricter), never double-counts.
             let charged = s.charge[e].swap(0, AcqRel);
+            let exported = s.exported[e].swap(0, AcqRel).min(charged);
             // What it borrowed goes back to its lenders (it stays in `held`, as their reserve).
             let repaid = if loans & (1 << e) != 0 { self.repay(i, e, charged) } else { 0 };
+            // Memory it exported may be mapped by an importer still running: it stays in `held`
+            // as the group's, until no member holds an import.
+            let kept = if exported > 0 && self.imports_held() > 0 { exported.min(charged - repaid) } else { 0 };
+            if kept > 0 {
+                self.orphans[e].fetch_add(kept, SeqCst);
+                orphaned = true;
+            }
             let unmet = s.unmet[e].swap(0, AcqRel);
             s.reserve[e].store(0, Release);
-            total += charged;
+            total += charged - kept;
             if unmet > 0 {
                 sub_saturating(&self.devices[e].unmet, unmet);
             }
-            if charged - repaid + unmet > 0 {
-                sub_saturating(&self.devices[e].held, charged - repaid + unmet);
+            if charged - repaid - kept + unmet > 0 {
+                sub_saturating(&self.devices[e].held, charged - repaid - kept + unmet);
             }
+        }
+        if imported > 0 || orphaned {
+            // The last import may have ended with this member, or ended elsewhere while we kept.
+            self.release_orphans();
         }
         self.forget_loans(i);
         // The headroom goes back with its holder.
@@ -499,8 +527,8 @@ mod tests {
         // Changing this means changing VERSION: members built from different versions share files.
         assert_eq!(std::mem::size_of::<Header>(), 128);
         assert_eq!(std::mem::size_of::<Device>(), 64);
-        assert_eq!(std::mem::size_of::<Slot>(), 1856);
-        assert_eq!(LAYOUT_BYTES, 128 + 64 * 64 + 1856 * 1024);
+        assert_eq!(std::mem::size_of::<Slot>(), 2368);
+        assert_eq!(LAYOUT_BYTES, 128 + 64 * 64 + 8 * 64 + 2368 * 1024);
         assert_eq!(std::mem::offset_of!(Shared, devices) % 64, 0);
     }
 

@@ -345,6 +345,30 @@ pub fn release(dev: usize, size: u64) {
     }
 }
 
+/// `size` bytes of this member's charge on `dev` were exported as a shareable handle: memory an
+/// importer may keep alive after this process ends (`shm::Shared::reclaim` keeps it the group's).
+pub fn exported(dev: usize, size: u64) {
+    let (Some(s), Some(e)) = (shared(), entry(dev)) else { return };
+    if let Some(slot) = my_slot(s) {
+        s.exported(slot, e, size);
+    }
+}
+
+/// This member holds one more shareable handle another process exported.
+pub fn import_began() {
+    let Some(s) = shared() else { return };
+    if let Some(slot) = my_slot(s) {
+        s.import_began(slot);
+    }
+}
+
+/// This member no longer holds one (its last reference released, its last mapping unmapped).
+pub fn import_ended() {
+    if let Some((s, slot)) = me() {
+        s.import_ended(slot);
+    }
+}
+
 /// Gives back what dead members of this process's group hold; returns (members, bytes).
 /// The sidecar calls this (or [`reclaim_in`] on a ledger it opened) periodically.
 pub fn reclaim_dead() -> (usize, u64) {

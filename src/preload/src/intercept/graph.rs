@@ -18,8 +18,14 @@
 //! instantiated with `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH` has what its previous
 //! launch left allocated freed before a relaunch, and the relaunch reuses it: a relaunch reserves
 //! that much less, but only while nothing can have taken or trimmed that memory since (no other
-//! launch, upload, trim or destroy in between: `EPOCH`); otherwise it reserves in full, which may
-//! deny what would fit but never grants what would not.
+//! launch, upload, trim or destroy in between: `EPOCH`, advanced before each reaches the driver)
+//! and until the driver has reused it (the relaunch claims the epoch across its driver call, and
+//! every advance waits for the claim); otherwise it reserves in full, which may deny what would
+//! fit but never grants what would not.
+//!
+//! A whole-graph update (`cuGraphExecUpdate`, `_v2`) keeps the topology but may change what the
+//! allocation nodes ask for: the updated graph is read too, and a launch reserves the larger of
+//! both (`updated`).
 
 use super::charge::{Timed, emit, timed};
 use super::graph_nodes::{Needs, Walk, walk};
@@ -31,7 +37,7 @@ use crate::hooks::{Hook, import, real};
 use crate::ledger::{self, MAX_DEVICES};
 use crate::sync::Lock;
 use std::collections::HashMap;
-use std::ffi::{c_char, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Bytes of each device's graph memory in its charge.
@@ -52,13 +58,54 @@ struct Exec {
 }
 /// Executable graph → what vramcap knows of it.
 static EXECS: Lock<Option<HashMap<u64, Exec>>> = Lock::new(None);
-/// Bumped by every launch, upload, trim and executable-graph destroy: anything after which the
-/// memory a previous launch left allocated may no longer be there for a relaunch to reuse.
-static EPOCH: AtomicU64 = AtomicU64::new(1);
+/// Advanced by 2 before every launch, upload, trim and executable-graph destroy reaches the
+/// driver: anything after which the memory a previous launch left allocated may no longer be
+/// there for a relaunch to reuse. Bit 0 ([`CLAIMED`]): a relaunch that counts on that memory (its
+/// credit, see `Known`) is in the driver, and every bump waits until it is back, so nothing can
+/// take or trim the memory between the check of the credit and the driver's use of it.
+static EPOCH: AtomicU64 = AtomicU64::new(2);
+const CLAIMED: u64 = 1;
+/// Held by the relaunch that set [`CLAIMED`], across its driver call; a bump that finds the bit
+/// set sleeps on it (the bit is set and cleared only while it is held).
+static CLAIM: Lock<()> = Lock::new(());
 
+/// Advances `EPOCH` (waiting out a credited relaunch in flight); returns the new value.
 fn bump() -> u64 {
-    EPOCH.fetch_add(1, Ordering::AcqRel) + 1
+    loop {
+        let e = EPOCH.load(Ordering::Acquire);
+        if e & CLAIMED != 0 {
+            drop(CLAIM.lock());
+            continue;
+        }
+        if EPOCH.compare_exchange(e, e + 2, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            return e + 2;
+        }
+    }
 }
+
+/// A relaunch's hold on the epoch its credit was computed at (see [`claim`]).
+struct Claim {
+    epoch: u64,
+    _held: crate::sync::Guard<'static, ()>,
+}
+
+impl Drop for Claim {
+    /// Once the driver call is back (or a panic unwinds past it), the epoch moves on — the launch
+    /// changed what its graph holds — and the waiting bumps go ahead: the bit is cleared before
+    /// the lock is released.
+    fn drop(&mut self) {
+        EPOCH.store(self.epoch + 2, Ordering::Release);
+    }
+}
+
+/// Claims `epoch` for a relaunch whose credit was computed at it: fails if anything bumped since.
+/// Nothing bumps until the claim is dropped.
+fn claim(epoch: u64) -> Option<Claim> {
+    let held = CLAIM.lock();
+    EPOCH.compare_exchange(epoch, epoch | CLAIMED, Ordering::AcqRel, Ordering::Acquire).ok()?;
+    Some(Claim { epoch, _held: held })
+}
+
 /// Serializes settles (see `pool_table::settle`: a stale read must never overwrite a later one).
 static SETTLE: Lock<()> = Lock::new(());
 static FORK_HANDLER: AtomicBool = AtomicBool::new(false);
@@ -66,6 +113,9 @@ static FORK_HANDLER: AtomicBool = AtomicBool::new(false);
 extern "C" fn locks_in_child() {
     EXECS.reset_in_child();
     SETTLE.reset_in_child();
+    // A relaunch in flight on another thread is not in the child.
+    CLAIM.reset_in_child();
+    EPOCH.fetch_and(!CLAIMED, Ordering::AcqRel);
 }
 
 fn seen() {
@@ -216,9 +266,12 @@ pub unsafe fn instantiate_with_params_ptsz(exec: *mut CUgraphExec, graph: CUgrap
 
 pub unsafe fn exec_destroy(exec: CUgraphExec) -> CUresult {
     let Some(f) = real::cuGraphExecDestroy() else { return MISSING_REAL };
-    let rc = unsafe { f(exec) };
-    if rc == CUDA_SUCCESS && SEEN.load(Ordering::Acquire) {
+    let seen = SEEN.load(Ordering::Acquire);
+    if seen {
         bump();
+    }
+    let rc = unsafe { f(exec) };
+    if rc == CUDA_SUCCESS && seen {
         guarded((), || {
             if let Some(m) = EXECS.lock().as_mut() {
                 m.remove(&(exec as u64));
@@ -226,6 +279,65 @@ pub unsafe fn exec_destroy(exec: CUgraphExec) -> CUresult {
         });
     }
     rc
+}
+
+/// Per device, the larger (`max`) or smaller of what `a` and `b` say.
+fn merge(a: &Needs, b: &Needs, max: bool) -> Needs {
+    let mut out: Needs = Vec::new();
+    for &(d, x) in a.iter().chain(b) {
+        match out.iter_mut().find(|(e, _)| *e == d) {
+            Some((_, y)) => *y = if max { (*y).max(x) } else { (*y).min(x) },
+            None => out.push((d, x)),
+        }
+    }
+    if !max {
+        // A device only one side names has nothing on the other.
+        out.retain(|&(d, _)| a.iter().any(|&(e, _)| e == d) && b.iter().any(|&(e, _)| e == d));
+    }
+    out
+}
+
+/// After a successful whole-graph update the executable graph's memory nodes take `graph`'s
+/// parameters (the documentation fixes the topology and the node types, not an allocation node's
+/// size or device). Which of the two the driver keeps for a node it cannot say, so a launch
+/// reserves, per device, the larger of the old and the new need, and the relaunch credit counts
+/// on the smaller of what either leaves allocated, from the next launch on: a charge that can
+/// deny what would fit, never grant what would not. A graph vramcap cannot read whole has every
+/// device settled after each launch.
+fn updated(rc: CUresult, exec: CUgraphExec, graph: CUgraph) -> CUresult {
+    if rc != CUDA_SUCCESS || exec.is_null() || mode() == Mode::PassThrough {
+        return rc;
+    }
+    guarded((), || {
+        let w = walk(graph);
+        let mut execs = EXECS.lock();
+        let m = execs.get_or_insert_with(HashMap::new);
+        match m.get_mut(&(exec as u64)) {
+            Some(e) => {
+                e.need = merge(&e.need, &w.need, true);
+                e.held = merge(&e.held, &w.held, false);
+                e.all |= e.need.len() > LAUNCH_DEVICES || !w.complete;
+                e.epoch = 0;
+            }
+            None if !w.need.is_empty() || !w.complete => {
+                drop(execs);
+                // Its flags were not remembered (it had no memory nodes): no credit.
+                remember(exec, w, 0);
+            }
+            None => {}
+        }
+    });
+    rc
+}
+
+pub unsafe fn exec_update_v1(exec: CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, result: *mut c_int) -> CUresult {
+    let Some(f) = real::cuGraphExecUpdate() else { return MISSING_REAL };
+    updated(unsafe { f(exec, graph, err, result) }, exec, graph)
+}
+
+pub unsafe fn exec_update_v2(exec: CUgraphExec, graph: CUgraph, info: *mut c_void) -> CUresult {
+    let Some(f) = real::cuGraphExecUpdate_v2() else { return MISSING_REAL };
+    updated(unsafe { f(exec, graph, info) }, exec, graph)
 }
 
 /// Devices one launch can reserve on without allocating (more are never needed in practice;
@@ -247,8 +359,9 @@ fn first_devices(need: &Needs) -> (Want, usize) {
 enum Plan {
     Deny(CUresult, i32, u64, u64),
     /// Call the driver, then settle: the devices reserved on (with what each got), and whether
-    /// every device is settled too.
-    Go { reserved: Want, n: usize, all: bool },
+    /// every device is settled too; `claim`: a relaunch reserving less by its credit holds the
+    /// epoch it was computed at across the driver call.
+    Go { reserved: Want, n: usize, all: bool, claim: Option<Claim> },
 }
 
 /// What a launch of `exec` reserves: `None` for an executable graph we did not see instantiated.
@@ -303,7 +416,7 @@ fn plan(api: Hook, known: Option<Known>) -> Plan {
     if mode() == Mode::FailClosed {
         return match known {
             Some(_) => Plan::Deny(CUDA_ERROR_NOT_PERMITTED, -1, 0, 0),
-            None => Plan::Go { reserved: [(0, 0); LAUNCH_DEVICES], n: 0, all: false },
+            None => Plan::Go { reserved: [(0, 0); LAUNCH_DEVICES], n: 0, all: false, claim: None },
         };
     }
     if let Err(e) = ensure_limits() {
@@ -312,23 +425,29 @@ fn plan(api: Hook, known: Option<Known>) -> Plan {
     // An executable graph we did not see instantiated: nothing to reserve, the charge follows
     // the devices' reservations right after the launch.
     let Some(k) = known else {
-        return Plan::Go { reserved: [(0, 0); LAUNCH_DEVICES], n: 0, all: true };
+        return Plan::Go { reserved: [(0, 0); LAUNCH_DEVICES], n: 0, all: true, claim: None };
     };
     let mut got = [(0u16, 0u64); LAUNCH_DEVICES];
     if let Err((d, bytes, used)) = reserve_all(api, &k.want, &k.credit, k.n, &mut got) {
         return Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, d, bytes, used);
     }
-    // Relieving pressure for this very reservation may have trimmed what the credit counted on:
-    // then the launch reserves in full.
-    if k.credit[..k.n].iter().any(|&(_, c)| c > 0) && EPOCH.load(Ordering::Acquire) != k.epoch {
-        for &(u, b) in &got[..k.n] {
-            ledger::unreserve(u as usize, b);
-        }
-        if let Err((d, bytes, used)) = reserve_all(api, &k.want, &[(0, 0); LAUNCH_DEVICES], k.n, &mut got) {
-            return Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, d, bytes, used);
+    // The credit holds only if nothing took or trimmed the memory it counts on since it was
+    // computed (relieving pressure for this very reservation may have) and nothing does until
+    // the driver has reused it: the claim makes both one step. Without it, the launch reserves
+    // in full.
+    let mut claim = None;
+    if k.credit[..k.n].iter().any(|&(_, c)| c > 0) {
+        claim = self::claim(k.epoch);
+        if claim.is_none() {
+            for &(u, b) in &got[..k.n] {
+                ledger::unreserve(u as usize, b);
+            }
+            if let Err((d, bytes, used)) = reserve_all(api, &k.want, &[(0, 0); LAUNCH_DEVICES], k.n, &mut got) {
+                return Plan::Deny(CUDA_ERROR_OUT_OF_MEMORY, d, bytes, used);
+            }
         }
     }
-    Plan::Go { reserved: got, n: k.n, all: k.all }
+    Plan::Go { reserved: got, n: k.n, all: k.all, claim }
 }
 
 /// Reserve, call once, settle; `key`: the executable graph for the trace (0 at instantiation).
@@ -344,9 +463,21 @@ fn run(api: Hook, key: u64, plan: Plan, call: impl FnOnce() -> CUresult) -> (CUr
             emit(Op::Deny, api, dev, key, size, Timed::instant(rc), used);
             (rc, 0)
         }
-        Plan::Go { reserved, n, all } => {
-            let t = timed(call);
-            let epoch = bump();
+        Plan::Go { reserved, n, all, claim } => {
+            // Bumped before the call: a credited relaunch in flight is waited out, and one
+            // planned from now on finds its credit gone.
+            let (t, epoch) = match claim {
+                Some(c) => {
+                    let t = timed(call);
+                    let epoch = c.epoch + 2;
+                    drop(c);
+                    (t, epoch)
+                }
+                None => {
+                    let epoch = bump();
+                    (timed(call), epoch)
+                }
+            };
             guarded((), || {
                 let settled = |d: usize, bytes: u64| {
                     let delta = settle(d, bytes);

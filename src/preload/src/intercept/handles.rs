@@ -10,7 +10,11 @@
 //!
 //! A shareable handle (`cuMemExportToShareableHandle`) is a reference too, released wherever it
 //! was imported, which this process cannot see: an exported allocation is never ended here, and
-//! its charge stays for the life of the process.
+//! its charge stays for the life of the process. In a group its bytes are marked exported in the
+//! member's slot, so that when this process ends they stay the group's while another member holds
+//! an import (`shm::Shared::reclaim`). A handle imported from another process (`foreign`) is
+//! charged nowhere here (its exporter is charged), but its lifetime is followed the same way
+//! (references and mappings): while it lasts, this member holds an import.
 //!
 //! Mapped ranges are kept as pieces; an unmap subtracts its range from whatever it overlaps
 //! (a driver that refuses sub-range unmaps leaves nothing to subtract; one that allows them leaves
@@ -47,6 +51,9 @@ struct Alloc {
     pending: u32,
     /// Exported as a shareable handle: alive for the life of the process.
     exported: bool,
+    /// Imported from another process's shareable handle: no charge here; its end is the end of
+    /// one of this group member's imports.
+    foreign: bool,
 }
 
 impl Alloc {
@@ -178,6 +185,9 @@ impl Table {
 /// Charges off allocations whose memory the driver has freed.
 fn charge_off(api: Hook, t: Timed, gone: Vec<Ending>) {
     for e in gone {
+        if e.alloc.foreign {
+            crate::group::import_ended();
+        }
         if let Some(c) = e.charge {
             if e.uncommitted {
                 ledger::unreserve(c.dev as usize, c.size);
@@ -195,7 +205,7 @@ pub fn created(handle: u64) -> u64 {
     with(|t| {
         t.next += 1;
         let id = t.next;
-        t.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false });
+        t.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, foreign: false });
         t.bind(handle, id, &mut gone);
     });
     charge_off(Hook::cuMemCreate, Timed::instant(CUDA_SUCCESS), gone);
@@ -307,13 +317,21 @@ pub fn export_begin(handle: u64) -> Option<u64> {
 pub fn export_end(id: Option<u64>, t: Timed) {
     let Some(id) = id else { return };
     let mut gone = Vec::new();
+    let mut first = None;
     with(|tb| {
         if let Some(a) = tb.allocs.get_mut(&id) {
             a.pending -= 1;
-            a.exported |= t.rc == CUDA_SUCCESS;
+            if t.rc == CUDA_SUCCESS && !a.exported && !a.foreign {
+                a.exported = true;
+                first = ledger::peek(Kind::VmmHandle, a.key);
+            }
         }
         tb.end_if_dead(id, &mut gone);
     });
+    // Its first export: from now on it may outlive this process.
+    if let Some(c) = first {
+        crate::group::exported(c.dev as usize, c.size);
+    }
     charge_off(Hook::cuMemExportToShareableHandle, t, gone);
 }
 
@@ -405,10 +423,42 @@ fn add_ref(t: &mut Table, handle: u64) {
     }
 }
 
-/// After a successful `cuMemImportFromShareableHandle`: a handle of ours (exported by this very
-/// process) gains a reference; any other is memory another process is charged for.
-pub fn imported(handle: u64) {
-    with(|t| add_ref(t, handle));
+/// Before `cuMemImportFromShareableHandle`: in a group the import counts as one this member
+/// holds from before the driver call on (an exporter ending meanwhile must see it), until
+/// [`import_end`] finds it was none.
+pub fn import_begin() -> bool {
+    let counted = crate::group::active();
+    if counted {
+        crate::group::import_began();
+    }
+    counted
+}
+
+/// After the import: a handle of ours (exported by this very process) gains a reference; any
+/// other is memory another process is charged for, followed (in a group) as one of this member's
+/// imports until its last reference and mapping go.
+pub fn import_end(counted: bool, handle: impl FnOnce() -> u64, t: Timed) {
+    let mut gone = Vec::new();
+    let foreign = t.rc == CUDA_SUCCESS
+        && with(|tb| {
+            let handle = handle();
+            if tb.handles.contains_key(&handle) {
+                add_ref(tb, handle);
+                return false;
+            }
+            if !counted {
+                return false;
+            }
+            tb.next += 1;
+            let id = tb.next;
+            tb.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, foreign: true });
+            tb.bind(handle, id, &mut gone);
+            true
+        });
+    if counted && !foreign {
+        crate::group::import_ended();
+    }
+    charge_off(Hook::cuMemImportFromShareableHandle, t, gone);
 }
 
 static FORK_HANDLERS: std::sync::Once = std::sync::Once::new();
@@ -431,170 +481,4 @@ pub(super) fn install_fork_handlers() {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    // Device 50 is this module's: the ledger's budgets are process-global. Handles are distinct
-    // per test (tests run in parallel on one table).
-    const DEV: usize = 50;
-    const OK: Timed = Timed { rc: CUDA_SUCCESS, dur: 0, at: 0 };
-    const FAIL: Timed = Timed { rc: CUDA_ERROR_INVALID_VALUE, dur: 0, at: 0 };
-
-    fn create(handle: u64, size: u64) {
-        create_on(DEV, handle, size);
-    }
-
-    fn create_on(dev: usize, handle: u64, size: u64) {
-        ledger::charge(dev, size);
-        let key = created(handle);
-        assert!(ledger::insert(Kind::VmmHandle, key, Charge { dev: dev as u16, size, ctx: 0 }).is_none());
-    }
-
-    fn held(key: u64) -> bool {
-        let c = ledger::take(Kind::VmmHandle, key);
-        if let Some(c) = c {
-            ledger::insert(Kind::VmmHandle, key, c);
-        }
-        c.is_some()
-    }
-
-    fn map(handle: u64, ptr: u64, size: u64) {
-        let id = map_begin(handle);
-        assert!(id.is_some());
-        map_end(id, ptr, size, OK);
-    }
-
-    fn release(handle: u64, t: Timed) {
-        let r = release_begin(handle);
-        release_end(r, t);
-    }
-
-    fn unmap(ptr: u64, size: u64, t: Timed) {
-        let u = unmap_begin(ptr, size);
-        unmap_end(u, t);
-    }
-
-    #[test]
-    fn released_while_mapped_stays_charged_until_the_last_unmap() {
-        let (h, a, b) = (0x1000_0000, 0x7000_0000_0000, 0x7100_0000_0000);
-        create(h, 100);
-        map(h, a, 10);
-        map(h, b, 10);
-        release(h, OK);
-        assert!(!held(h) && held(ORPHAN | with(|t| t.pieces[&a].1)), "moved off the reusable handle value");
-        unmap(a, 10, OK);
-        assert_eq!(with(|t| t.pieces.get(&b).copied().map(|p| p.0)), Some(b + 10));
-        unmap(b, 4, FAIL);
-        assert_eq!(with(|t| t.pieces.get(&b).copied()).map(|p| p.0), Some(b + 10), "a refused unmap changes nothing");
-        unmap(b, 4, OK);
-        assert_eq!(with(|t| t.pieces.get(&(b + 4)).copied()).map(|p| p.0), Some(b + 10), "the rest stays mapped");
-        let id = with(|t| t.pieces[&(b + 4)].1);
-        unmap(b + 4, 6, OK);
-        assert!(with(|t| !t.allocs.contains_key(&id)), "the last piece ends it");
-        assert!(!held(ORPHAN | id));
-    }
-
-    #[test]
-    fn a_failed_release_keeps_the_handle() {
-        let h = 0x2000_0000;
-        create(h, 100);
-        release(h, FAIL);
-        assert!(held(h));
-        release(h, OK);
-        assert!(!held(h));
-        assert!(release_begin(h).is_none(), "a released handle is unknown");
-    }
-
-    #[test]
-    fn retain_adds_a_reference_and_revives_the_handle() {
-        let (h, a) = (0x3000_0000, 0x7200_0000_0000);
-        create(h, 100);
-        map(h, a, 10);
-        release(h, OK);
-        let id = retain_begin(a + 5);
-        retain_end(id, || h, OK);
-        assert!(held(h), "the same handle value again");
-        unmap(a, 10, OK);
-        assert!(held(h), "still referenced");
-        release(h, OK);
-        assert!(!held(h));
-    }
-
-    #[test]
-    fn an_exported_allocation_stays_charged_after_release_and_unmap() {
-        // Device 51: this charge stays for the life of the test process, and device 50's budget
-        // is also read exactly by `mem::tests`.
-        const KEPT: usize = 51;
-        let (h, a, g) = (0x5000_0000, 0x7400_0000_0000, 0x5100_0000);
-        create_on(KEPT, h, 100);
-        map(h, a, 10);
-        let id = export_begin(h);
-        assert!(id.is_some());
-        export_end(id, OK);
-        release(h, OK);
-        unmap(a, 10, OK);
-        let id = id.unwrap();
-        assert!(with(|t| t.allocs.contains_key(&id)) && held(ORPHAN | id), "the importer may still use it");
-        create_on(KEPT, h, 7); // the driver may hand the value out again: the new allocation is its own
-        assert!(held(ORPHAN | id) && held(h));
-        release(h, OK);
-        assert!(!held(h) && held(ORPHAN | id));
-        assert_eq!(ledger::used(KEPT), 100);
-        // A refused export pins nothing.
-        create_on(KEPT, g, 5);
-        let id = export_begin(g);
-        export_end(id, FAIL);
-        release(g, OK);
-        assert!(!held(g) && with(|t| !t.allocs.contains_key(&id.unwrap())));
-        assert_eq!(ledger::used(KEPT), 100);
-        // An export racing the last release (the driver exported first): pinned all the same.
-        let x = 0x5200_0000;
-        create_on(KEPT, x, 3);
-        let r = release_begin(x);
-        let id = export_begin(x);
-        assert!(id.is_some(), "the export must find the allocation while its release is in flight");
-        release_end(r, OK);
-        export_end(id, OK);
-        assert!(held(ORPHAN | id.unwrap()));
-        assert_eq!(ledger::used(KEPT), 103);
-    }
-
-    /// A map of the handle on another thread while its last release is in the driver: whichever
-    /// the driver took first, the allocation is pinned by the mapping if the map succeeded.
-    #[test]
-    fn a_map_racing_the_last_release_pins_the_allocation() {
-        let (h, a) = (0x6000_0000, 0x7500_0000_0000);
-        create(h, 64);
-        let r = release_begin(h);
-        let id = map_begin(h);
-        assert!(id.is_some(), "the handle is still the driver's during the release: the map must find it");
-        release_end(r, OK);
-        map_end(id, a, 64, OK);
-        assert!(held(ORPHAN | id.unwrap()), "mapped memory outlives the release");
-        unmap(a, 64, OK);
-        assert!(!held(ORPHAN | id.unwrap()) && with(|t| !t.allocs.contains_key(&id.unwrap())));
-        // The driver took the release first: the map fails, and that ends the allocation.
-        create(h, 64);
-        let r = release_begin(h);
-        let id = map_begin(h);
-        release_end(r, OK);
-        assert!(with(|t| t.allocs.contains_key(&id.unwrap())), "kept while the map is in flight");
-        map_end(id, a, 64, FAIL);
-        assert!(with(|t| !t.allocs.contains_key(&id.unwrap())) && !held(h));
-    }
-
-    #[test]
-    fn a_reused_handle_value_never_takes_the_old_charge() {
-        let (h, a) = (0x4000_0000, 0x7300_0000_0000);
-        create(h, 100);
-        map(h, a, 10);
-        release(h, OK);
-        create(h, 7); // the driver hands the value out again
-        let old = with(|t| t.pieces[&a].1);
-        assert!(held(ORPHAN | old) && held(h));
-        unmap(a, 10, OK);
-        assert!(!held(ORPHAN | old) && held(h));
-        release(h, OK);
-        assert!(!held(h));
-    }
-}
+mod tests;

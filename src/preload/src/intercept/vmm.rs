@@ -138,16 +138,17 @@ pub unsafe fn export_shareable(shareable: *mut c_void, handle: CUmemGenericAlloc
     t.rc
 }
 
-/// Memory exported by another process: that process is charged for it. A handle this process
-/// exported itself comes back as one more reference to an allocation already charged.
+/// Memory exported by another process: that process is charged for it (in a group, the group
+/// keeps it after the exporter ends while this member holds the import: `handles::import_end`).
+/// A handle this process exported itself comes back as one more reference to an allocation
+/// already charged.
 pub unsafe fn import_shareable(handle: *mut CUmemGenericAllocationHandle, os: *mut c_void, kind: c_int) -> CUresult {
     let Some(f) = real::cuMemImportFromShareableHandle() else { return MISSING_REAL };
     traced(Op::IpcOpen, Hook::cuMemImportFromShareableHandle, || unsafe { *handle }, 0, || {
-        let rc = unsafe { f(handle, os, kind) };
-        if rc == CUDA_SUCCESS {
-            guarded((), || handles::imported(unsafe { *handle }));
-        }
-        rc
+        let counted = guarded(false, handles::import_begin);
+        let t = timed(|| unsafe { f(handle, os, kind) });
+        guarded((), || handles::import_end(counted, || unsafe { *handle }, t));
+        t.rc
     })
 }
 

@@ -1,0 +1,148 @@
+//! VMM memory exported as a file descriptor to another member of the group (issue 23, item 11):
+//! `cuMemExportToShareableHandle` (POSIX fd), the fd sent over a unix socket (SCM_RIGHTS),
+//! `cuMemImportFromShareableHandle` and a mapping in the importer, then the exporter releases its
+//! handle and exits. The importer's mapping keeps the memory alive, so the group must keep it
+//! charged until the importer lets it go; the fake driver's device counters shared by the
+//! processes (`FAKECUDA_SHARED_DEVICE`) show what the GPU really held.
+
+use vramcap_tests::common;
+use common::*;
+use std::path::{Path, PathBuf};
+
+const BUDGET: u64 = 256 * MIB;
+
+struct Setup {
+    dir: PathBuf,
+    devfile: PathBuf,
+    sock: PathBuf,
+    fifo: PathBuf,
+}
+
+fn setup() -> Setup {
+    let dir = private_group_dir();
+    let fifo = dir.join("go");
+    let ok = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success();
+    assert!(ok, "mkfifo");
+    Setup { devfile: dir.join("device"), sock: dir.join("sock"), fifo, dir }
+}
+
+/// A member of group `xg` (256 MiB), or the same process on the bare fake (`bare`).
+fn member(s: &Setup, bare: bool) -> Run {
+    let r = Run::client("client_linked")
+        .env("VRAMCAP_GROUP", "xg")
+        .env("VRAMCAP_GROUP_DIR", &s.dir)
+        .env("VRAMCAP_GROUP_LIMIT", "256m")
+        .env("FAKECUDA_SHARED_DEVICE", &s.devfile);
+    if bare { r.bare() } else { r }
+}
+
+/// Starts the importer: it receives the fd, imports and maps 200 MiB, answers, closes the fd and
+/// waits for the test's go (the FIFO) before asking for 200 MiB more of its own, then unmaps and
+/// releases the import and asks again.
+fn importer(s: &Setup, bare: bool) -> Running {
+    let ops = format!(
+        "init ctx 0 fdlisten {} fdrecv import 0 vamap 0 200m fdclose 0 fdack waitfifo {} \
+         vmm 200m 0 vaunmap 0 release 0 vmm 200m 0 info",
+        s.sock.display(),
+        s.fifo.display()
+    );
+    let mut r = member(s, bare).args([ops]).spawn();
+    assert_eq!(r.wait_for("fdlisten").rc(), 0);
+    r
+}
+
+/// The exporter: 200 MiB shareable as an fd, exported, sent (it waits for the importer's answer),
+/// released; then it exits.
+fn export(s: &Setup, bare: bool) {
+    let out = member(s, bare).args([format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0", s.sock.display())]).run();
+    out.ok();
+    for op in ["vmm", "export", "fdsend", "release"] {
+        assert_eq!(out.nth(op, 0).rc(), 0, "{op}: {}", out.stdout);
+    }
+}
+
+fn go(fifo: &Path) {
+    drop(std::fs::OpenOptions::new().write(true).open(fifo).unwrap());
+}
+
+#[test]
+fn exported_memory_stays_charged_to_the_group_after_its_exporter_exits() {
+    // Bare: the memory outlives the exporter (the device still holds it after the exporter is
+    // gone) and goes with the importer's last reference; nothing refuses the second 200 MiB.
+    let s = setup();
+    let dev = SharedDevice::open(&s.devfile);
+    let mut imp = importer(&s, true);
+    export(&s, true);
+    assert_eq!(dev.held(), 200 * MIB, "bare: the importer's mapping keeps the exporter's memory");
+    go(&s.fifo);
+    assert_eq!(imp.wait_for("vmm").rc(), 0);
+    assert_eq!(imp.wait_for("release").rc(), 0);
+    assert_eq!(imp.wait_for("vmm").rc(), 0);
+    imp.finish();
+    assert_eq!(dev.peak().load(std::sync::atomic::Ordering::SeqCst), 400 * MIB, "bare: both on the device at once");
+
+    // In the group: the exported 200 MiB stay the group's after the exporter exits, so 200 MiB
+    // more is refused; once the importer unmapped and released it, 200 MiB fit again.
+    let s = setup();
+    let dev = SharedDevice::open(&s.devfile);
+    let mut imp = importer(&s, false);
+    export(&s, false);
+    go(&s.fifo);
+    assert_eq!(imp.wait_for("vmm").rc(), 2, "the group holds the exported memory: 200 MiB more is past 256");
+    assert_eq!(imp.wait_for("vaunmap").rc(), 0);
+    assert_eq!(imp.wait_for("release").rc(), 0);
+    assert_eq!(imp.wait_for("vmm").rc(), 0, "the memory came back with the import: no lasting false out-of-memory");
+    let info = imp.wait_for("info");
+    assert_eq!(info.num("free"), BUDGET - 200 * MIB, "charged once");
+    imp.finish();
+    let peak = dev.peak().load(std::sync::atomic::Ordering::SeqCst);
+    assert!(peak <= BUDGET, "the device held {peak} bytes under a group budget of {BUDGET}");
+}
+
+#[test]
+fn a_killed_importer_gives_the_exported_memory_back() {
+    let s = setup();
+    let imp = importer(&s, false);
+    export(&s, false);
+    // The importer dies holding the mapping: the driver frees the memory with it.
+    imp.sigkill();
+    let out = member(&s, false).args(["init ctx 0 vmm 200m 0 info"]).run();
+    out.ok();
+    assert_eq!(out.nth("vmm", 0).rc(), 0, "nothing holds it any more: {}", out.stdout);
+}
+
+#[test]
+fn both_members_alive_count_the_shared_memory_once() {
+    // While the exporter still runs, its charge is the memory; the importer's mapping adds nothing.
+    let s = setup();
+    let exporter_go = s.dir.join("go2");
+    assert!(std::process::Command::new("mkfifo").arg(&exporter_go).status().unwrap().success());
+    let mut imp = importer(&s, false);
+    let ops = format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0 waitfifo {}", s.sock.display(), exporter_go.display());
+    let exp = member(&s, false).args([ops]).spawn();
+    imp.wait_for("fdack");
+    // Both alive: 200 MiB of 256 held; 200 more does not fit, 40 does.
+    let out = member(&s, false).args(["init ctx 0 vmm 200m 0 vmm 40m 0"]).run();
+    assert_eq!(out.of("vmm").iter().map(|l| l.rc()).collect::<Vec<_>>(), vec![2, 0], "{}", out.stdout);
+    // The exporter ends first, then the importer goes on: the memory is still the group's.
+    go(&exporter_go);
+    exp.finish();
+    go(&s.fifo);
+    assert_eq!(imp.wait_for("vmm").rc(), 2);
+    assert_eq!(imp.wait_for("vmm").rc(), 0);
+    imp.finish();
+}
+
+#[test]
+fn an_export_closed_in_its_own_process_leaves_no_charge_behind() {
+    // One process: export, release, close the fd, exit. Bare, the memory is gone at the close.
+    let s = setup();
+    let plain = member(&s, true).args(["init ctx 0 vmmfd 200m 0 export 0 release 0 info fdclose 0 info"]).run();
+    plain.ok();
+    assert_eq!(plain.nth("info", 0).num("free") + 200 * MIB, plain.nth("info", 1).num("free"), "bare: {}", plain.stdout);
+    let out = member(&s, false).args(["init ctx 0 vmmfd 200m 0 export 0 release 0 fdclose 0"]).run();
+    out.ok();
+    // The next member gets the whole budget: nothing of the export stayed the group's.
+    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
+    assert_eq!(out.nth("vmm", 0).rc(), 0, "{}", out.stdout);
+}
