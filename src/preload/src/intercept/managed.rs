@@ -11,7 +11,8 @@
 //!
 //! Residency is kept per 2 MiB unit from the allocation's start (the largest page the driver
 //! migrates); a unit a prefetch covers only in part counts both where it was and at the
-//! destination (counting too much can only deny). Each device's share is one ledger entry
+//! destination (counting too much can only deny). A batch's operations run in no set order, so a
+//! unit two of them send to different places counts at each. Each device's share is one ledger entry
 //! (`Kind::Managed`, keyed base + device ordinal), so a context's end takes every share with it,
 //! as the driver frees the memory wherever it is; a free gives back every share.
 //!
@@ -186,7 +187,11 @@ fn add(v: &mut Vec<(usize, u64)>, d: usize, b: u64) {
 }
 
 fn plan(api: Hook, table: &mut BTreeMap<u64, Alloc>, moves: &[Move]) -> Result<Plan, CUresult> {
-    let mut work: HashMap<u64, Vec<u64>> = HashMap::new();
+    // Per allocation and unit: the places this call's moves send it to, and whether one of them
+    // covers it whole. A batch's operations run in no set order (documented), so a unit two of
+    // them touch may end at either place: it counts at every one, and stays counted where it was
+    // unless some move takes all of it away.
+    let mut work: HashMap<u64, (Vec<u64>, Vec<bool>)> = HashMap::new();
     let mut device_dests = 0u64;
     for m in moves.iter().filter(|m| m.len > 0) {
         let found = table
@@ -209,17 +214,25 @@ fn plan(api: Hook, table: &mut BTreeMap<u64, Alloc>, moves: &[Move]) -> Result<P
             }
             Dest::Host => 1u64 << a.home,
         };
-        let masks = work.entry(base).or_insert_with(|| a.masks());
+        let (dests, whole) = work.entry(base).or_insert_with(|| (vec![0; a.nunits()], vec![false; a.nunits()]));
         let (start, end) = (m.ptr - base, m.ptr - base + m.len);
         for u in (start / UNIT) as usize..=((end - 1) / UNIT) as usize {
             let (us, ue) = (u as u64 * UNIT, u as u64 * UNIT + a.unit_bytes(u));
-            masks[u] = if start <= us && ue <= end { bit } else { masks[u] | bit };
+            dests[u] |= bit;
+            whole[u] |= start <= us && ue <= end;
         }
     }
     let mut p = Plan { reserved: Vec::new(), forced: Vec::new(), allocs: Vec::new() };
-    for (base, masks) in work {
+    for (base, (dests, whole)) in work {
         let a = &table[&base];
         let old = a.masks();
+        let masks: Vec<u64> = (0..old.len())
+            .map(|u| match (dests[u], whole[u]) {
+                (0, _) => old[u],
+                (d, true) => d,
+                (d, false) => d | old[u],
+            })
+            .collect();
         let mut deltas: Vec<(usize, i64)> = Vec::new();
         for u in 0..masks.len() {
             let (was, now, b) = (old[u], masks[u], a.unit_bytes(u) as i64);
