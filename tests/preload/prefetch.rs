@@ -137,3 +137,32 @@ fn a_prefetch_vramcap_cannot_place_is_refused_before_the_driver() {
         assert_eq!(rcs(&bare, "prefetch"), vec![1, 1], "{c}: the plain driver refuses both itself");
     }
 }
+
+#[test]
+fn a_batch_whose_operations_overlap_counts_every_place_they_may_leave_it() {
+    // A batch's operations run in no set order (documented): [0, 200 MiB) to device 1 and the same
+    // range to the host may leave it on device 1. It counts there (100 MiB more on device 1 is
+    // denied) until a prefetch sends all of it to the host; under a 100 MiB cap on device 1 the
+    // batch is refused.
+    let batch = "prefetchb2 0 0 200m 1 1 0 0 200m 2 0";
+    let ops = format!("init ctx 0 managed 200m {batch} ctx 1 info alloc 100m prefetch1 0 0 200m -1 ctx 1 info alloc 100m");
+    for c in CLIENTS {
+        let out = Run::client(c).env("VRAMCAP_LIMIT", LIMITS).args([ops.as_str()]).run();
+        out.ok();
+        let why = format!("{c}: {ops}\n{}{}", out.stdout, out.stderr);
+        assert_eq!(rcs(&out, "prefetch"), vec![0, 0], "{why}");
+        let free: Vec<u64> = (0..2).map(|n| out.nth("info", n).num("free")).collect();
+        assert_eq!(free, vec![56 * MIB, 256 * MIB], "device 1 counts it until it is all on the host, {why}");
+        assert_eq!(rcs(&out, "alloc"), vec![2, 0], "{why}");
+
+        let small = format!("init ctx 0 managed 200m {batch} ctx 1 info");
+        let out = Run::client(c).env("VRAMCAP_LIMIT", "0=1g,1=100m").args([small.as_str()]).run();
+        out.ok();
+        assert_eq!(rcs(&out, "prefetch"), vec![2], "{c}: refused, nothing moved\n{}{}", out.stdout, out.stderr);
+        assert_eq!(out.nth("info", 0).num("free"), 100 * MIB, "{c}: nothing stays charged on device 1");
+
+        let bare = Run::client(c).bare().args([ops.as_str()]).run();
+        bare.ok();
+        assert_eq!((rcs(&bare, "prefetch"), rcs(&bare, "alloc")), (vec![0, 0], vec![0, 0]), "{c}: the plain driver takes it");
+    }
+}

@@ -11,7 +11,8 @@
 //!
 //! Residency is kept per 2 MiB unit from the allocation's start (the largest page the driver
 //! migrates); a unit a prefetch covers only in part counts both where it was and at the
-//! destination (counting too much can only deny). Each device's share is one ledger entry
+//! destination (counting too much can only deny). A batch's operations run in no set order, so a
+//! unit two of them send to different places counts at each. Each device's share is one ledger entry
 //! (`Kind::Managed`, keyed base + device ordinal), so a context's end takes every share with it,
 //! as the driver frees the memory wherever it is; a free gives back every share.
 //!
@@ -186,7 +187,11 @@ fn add(v: &mut Vec<(usize, u64)>, d: usize, b: u64) {
 }
 
 fn plan(api: Hook, table: &mut BTreeMap<u64, Alloc>, moves: &[Move]) -> Result<Plan, CUresult> {
-    let mut work: HashMap<u64, Vec<u64>> = HashMap::new();
+    // Per allocation and unit: the places this call's moves send it to, and whether one of them
+    // covers it whole. A batch's operations run in no set order (documented), so a unit two of
+    // them touch may end at either place: it counts at every one, and stays counted where it was
+    // unless some move takes all of it away.
+    let mut work: HashMap<u64, (Vec<u64>, Vec<bool>)> = HashMap::new();
     let mut device_dests = 0u64;
     for m in moves.iter().filter(|m| m.len > 0) {
         let found = table
@@ -209,17 +214,25 @@ fn plan(api: Hook, table: &mut BTreeMap<u64, Alloc>, moves: &[Move]) -> Result<P
             }
             Dest::Host => 1u64 << a.home,
         };
-        let masks = work.entry(base).or_insert_with(|| a.masks());
+        let (dests, whole) = work.entry(base).or_insert_with(|| (vec![0; a.nunits()], vec![false; a.nunits()]));
         let (start, end) = (m.ptr - base, m.ptr - base + m.len);
         for u in (start / UNIT) as usize..=((end - 1) / UNIT) as usize {
             let (us, ue) = (u as u64 * UNIT, u as u64 * UNIT + a.unit_bytes(u));
-            masks[u] = if start <= us && ue <= end { bit } else { masks[u] | bit };
+            dests[u] |= bit;
+            whole[u] |= start <= us && ue <= end;
         }
     }
     let mut p = Plan { reserved: Vec::new(), forced: Vec::new(), allocs: Vec::new() };
-    for (base, masks) in work {
+    for (base, (dests, whole)) in work {
         let a = &table[&base];
         let old = a.masks();
+        let masks: Vec<u64> = (0..old.len())
+            .map(|u| match (dests[u], whole[u]) {
+                (0, _) => old[u],
+                (d, true) => d,
+                (d, false) => d | old[u],
+            })
+            .collect();
         let mut deltas: Vec<(usize, i64)> = Vec::new();
         for u in 0..masks.len() {
             let (was, now, b) = (old[u], masks[u], a.unit_bytes(u) as i64);
@@ -251,6 +264,12 @@ fn plan(api: Hook, table: &mut BTreeMap<u64, Alloc>, moves: &[Move]) -> Result<P
 }
 
 /// After the driver call: the moves happened (`ok`) and the shares change, or nothing did.
+///
+/// An allocation none of whose shares is in the ledger any more belongs to a context that is
+/// ending (`context::ending` took them out before its driver call, or the end drained them while
+/// this prefetch was in flight): the context's end settles what it took, and the memory goes with
+/// it, so this prefetch changes nothing of it (releasing its "old" places again would un-charge
+/// what the end already gives back, and a share put in now would outlive the context).
 fn settle(table: &mut BTreeMap<u64, Alloc>, p: Plan, ok: bool) {
     if !ok {
         for (d, b) in p.reserved {
@@ -266,15 +285,33 @@ fn settle(table: &mut BTreeMap<u64, Alloc>, p: Plan, ok: bool) {
     }
     for (base, masks, deltas) in p.allocs {
         let Some(a) = table.get_mut(&base) else { continue };
+        let had = a.devices();
+        let mut shares: Vec<(usize, Charge)> = (0..MASK_DEVICES)
+            .filter(|d| had >> d & 1 == 1)
+            .filter_map(|d| ledger::take(Kind::Managed, key(base, d)).map(|c| (d, c)))
+            .collect();
+        if shares.is_empty() {
+            // What was charged for it above goes again.
+            for &(d, delta) in deltas.iter().filter(|e| e.1 > 0) {
+                ledger::release(d, delta as u64);
+            }
+            continue;
+        }
         for (d, delta) in deltas {
-            let old = ledger::take(Kind::Managed, key(base, d));
+            let i = shares.iter().position(|s| s.0 == d);
+            let old = i.map_or(0, |i| shares[i].1.size);
             if delta < 0 {
-                ledger::release(d, (-delta) as u64);
+                // Never more than the share held: the rest was not ours to give back.
+                ledger::release(d, ((-delta) as u64).min(old));
             }
-            let size = (old.map_or(0, |c| c.size) as i64 + delta).max(0) as u64;
-            if size > 0 {
-                ledger::insert(Kind::Managed, key(base, d), Charge { dev: d as u16, size, ctx: a.ctx });
+            let size = (old as i64 + delta).max(0) as u64;
+            match i {
+                Some(i) => shares[i].1.size = size,
+                None => shares.push((d, Charge { dev: d as u16, size, ctx: a.ctx })),
             }
+        }
+        for (d, c) in shares.into_iter().filter(|s| s.1.size > 0) {
+            ledger::insert(Kind::Managed, key(base, d), c);
         }
         a.units = Some(masks);
     }
@@ -476,6 +513,8 @@ mod tests {
     fn a_unit_covered_in_part_counts_where_it_was_and_at_the_destination() {
         let base = 0x7000_0000_0000;
         let mut t = one(base, 3 * MIB);
+        // As the allocation left it: all of it counts on its own device.
+        ledger::insert(Kind::Managed, key(base, HOME), Charge { dev: HOME as u16, size: 3 * MIB, ctx: 1 });
         // [1 MiB, 2 MiB) lies inside unit 0: it counts on both devices.
         let p = plan(Hook::cuMemPrefetchAsync, &mut t, &[Move { ptr: base + MIB, len: MIB, dest: Dest::Device(OTHER) }]).unwrap();
         assert_eq!((p.reserved.clone(), p.forced.clone()), (vec![(OTHER, 2 * MIB)], vec![]));
@@ -505,5 +544,30 @@ mod tests {
         assert_eq!(ledger::charged(dev), 0, "the reservation was given back");
         assert_eq!(t[&base].units, None, "nothing moved");
         ledger::set_limit(dev, 0);
+    }
+
+    #[test]
+    fn a_context_ending_while_its_memory_is_prefetched_is_given_back_once() {
+        // Devices 59 and 60 are this test's.
+        let (home, other) = (59, 60);
+        let (base, size, ctx) = (0x7200_0000_0000, 4 * MIB, 9);
+        let mut t = BTreeMap::from([(base, Alloc { size, home, ctx, units: None })]);
+        ledger::charge(home, size);
+        ledger::insert(Kind::Managed, key(base, home), Charge { dev: home as u16, size, ctx });
+        // Other memory on the home device, which must stay charged.
+        ledger::charge(home, MIB);
+        let p = plan(Hook::cuMemPrefetchAsync, &mut t, &[Move { ptr: base, len: size, dest: Dest::Device(other) }]).unwrap();
+        // While the prefetch is in the driver, another thread's cuCtxDestroy takes the context's
+        // charges out before its own driver call (context::ending) ...
+        let taken = ledger::drain(&[Kind::Managed], |c| c.ctx == ctx);
+        assert_eq!(taken.len(), 1);
+        taken.iter().for_each(|(_, _, c)| ledger::uncommit(c.dev as usize, c.size));
+        settle(&mut t, p, true);
+        // ... and gives them back once the driver ended the context (context::ending_done).
+        taken.iter().for_each(|(_, _, c)| ledger::unreserve(c.dev as usize, c.size));
+        assert_eq!((ledger::charged(home), ledger::used(home)), (MIB, MIB), "the other memory stays charged");
+        assert_eq!((ledger::charged(other), ledger::used(other)), (0, 0), "what moved went with the context");
+        assert_eq!(ledger::take(Kind::Managed, key(base, other)), None, "no share outlives the context");
+        ledger::release(home, MIB);
     }
 }
