@@ -264,14 +264,14 @@ fn main() {
                 admin_gid: admin_group,
             };
             if let Err(e) = sidecar::run(opts) {
-                eprintln!("vramcap sidecar: {e}");
+                eprintln!("vramcap: sidecar: {e}");
                 std::process::exit(1);
             }
             Ok(())
         }
         Cmd::Top { socket, once } => {
             if let Err(e) = sidecar::top::run(&socket, once) {
-                eprintln!("vramcap top: {e}");
+                eprintln!("vramcap: top: {e}");
                 std::process::exit(1);
             }
             Ok(())

@@ -236,7 +236,7 @@ pub fn run(kind: &str) -> i32 {
         "driver" => driver(),
         "intercept" => intercept(),
         other => {
-            eprintln!("vramcap doctor: unknown probe {other:?}; expected driver or intercept");
+            eprintln!("vramcap: doctor: unknown probe {other:?}; expected driver or intercept");
             2
         }
     }

@@ -51,7 +51,7 @@ const USAGE: &str = "vramcap run [--limit SPEC] [--group NAME --group-limit SPEC
 
 /// Bad usage: exit 2 with the message. Never returns.
 fn usage_error(msg: String) -> ! {
-    eprintln!("vramcap run: {msg}");
+    eprintln!("vramcap: {msg}");
     std::process::exit(2);
 }
 
@@ -282,7 +282,7 @@ pub fn main(a: RunArgs) -> Result<(), String> {
                 std::io::ErrorKind::PermissionDenied => (126, "permission denied (not executable?)".to_string()),
                 _ => (126, e.to_string()),
             };
-            eprintln!("vramcap run: cannot run {:?}: {why}", prog);
+            eprintln!("vramcap: cannot run {:?}: {why}", prog);
             std::process::exit(code);
         }
     };
@@ -312,11 +312,11 @@ fn print_report(template: &str, list: Option<&Path>, since: std::time::SystemTim
     let files = match found.map(|f| traces::union(listed, f)) {
         Ok(f) if !f.is_empty() => f,
         Ok(_) => {
-            eprintln!("vramcap run: --report: no trace matching {template} was written (did the command use CUDA?)");
+            eprintln!("vramcap: --report: no trace matching {template} was written (did the command use CUDA?)");
             return;
         }
         Err(e) => {
-            eprintln!("vramcap run: --report: {e}");
+            eprintln!("vramcap: --report: {e}");
             return;
         }
     };
@@ -328,6 +328,6 @@ fn print_report(template: &str, list: Option<&Path>, since: std::time::SystemTim
             eprint!("{}", analysis::report::to_text(&r));
             eprintln!();
         }
-        Err(e) => eprintln!("vramcap run: --report: {e}"),
+        Err(e) => eprintln!("vramcap: --report: {e}"),
     }
 }

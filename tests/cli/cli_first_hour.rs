@@ -1,0 +1,147 @@
+//! A newcomer's first hour, the rest of issue 28: one `vramcap:` prefix on every subcommand's
+//! errors, gzipped traces, `top` on 80 columns, warnings when a job would not get the library,
+//! the install script's help.
+
+use std::process::Stdio;
+use vramcap_tests::cli_support::*;
+
+/// Every stderr line of a failed command starts with `vramcap: ` (no `vramcap run:`, `vramcap
+/// top:`, `vramcap sidecar:` or clap's `error:`).
+fn assert_one_prefix(what: &str, err: &str) {
+    assert!(!err.trim().is_empty(), "{what}: no message");
+    for l in err.lines().filter(|l| !l.trim().is_empty() && !l.starts_with(' ')) {
+        assert!(l.starts_with("vramcap: "), "{what}: {l:?} in\n{err}");
+        for other in ["vramcap run:", "vramcap top:", "vramcap sidecar:", "vramcap demo:", "vramcap doctor:", "error: "] {
+            assert!(!l.contains(other), "{what}: {l:?}");
+        }
+    }
+}
+
+#[test]
+fn every_subcommands_errors_have_the_one_vramcap_prefix() {
+    let dir = scratch("one-prefix");
+    let missing_dir = dir.join("no/such/dir/t.jsonl");
+    let cases: Vec<(Vec<String>, i32)> = vec![
+        (vec!["run".into()], 2),
+        (vec!["run".into(), "--trace".into(), missing_dir.to_string_lossy().into_owned(), "--".into(), "true".into()], 2),
+        (vec!["run".into(), "--".into(), "/no/such/command".into()], 127),
+        (vec!["run".into(), "--limit".into(), "8 apples".into(), "--".into(), "true".into()], 2),
+        (vec!["top".into(), "--once".into(), "--socket".into(), dir.join("none.sock").to_string_lossy().into_owned()], 1),
+        (vec!["sidecar".into(), "--socket".into(), "/dev/null/s.sock".into()], 1),
+        (vec!["doctor".into(), "--probe".into(), "bogus".into()], 2),
+    ];
+    for (args, code) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = clean_vramcap(&args).stdin(Stdio::null()).output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert_one_prefix(&format!("{args:?}"), &err);
+    }
+    // --report with nothing traced: a note, in the same form, after the job's own output.
+    let out = clean_vramcap(&["run", "--report", "--", "true"]).output().unwrap();
+    assert!(out.status.success());
+    assert_one_prefix("run --report -- true", &text(&out.stderr));
+}
+
+#[test]
+fn a_gzipped_trace_is_read_and_other_compressions_are_named() {
+    let dir = scratch("gz");
+    let plain = dir.join("t.jsonl");
+    std::fs::copy(data("job_rank0.jsonl"), &plain).unwrap();
+    let want = ok(&["report", "--json", plain.to_str().unwrap()]);
+    // gzip keeps the name on its .gz; a renamed one (no .gz) is known by its bytes.
+    let st = std::process::Command::new("gzip").arg("-k").arg(&plain).status().unwrap();
+    assert!(st.success());
+    let gz = dir.join("t.jsonl.gz");
+    let renamed = dir.join("renamed.jsonl");
+    std::fs::copy(&gz, &renamed).unwrap();
+    for f in [&gz, &renamed] {
+        let got = ok(&["report", "--json", f.to_str().unwrap()]);
+        assert_eq!(got.replace(f.to_str().unwrap(), "P"), want.replace(plain.to_str().unwrap(), "P"), "{}", f.display());
+    }
+    // Two gzip members one after the other (a rotated log appended to) are one trace.
+    let text_of = std::fs::read_to_string(&plain).unwrap();
+    let (head, tail) = text_of.split_at(text_of.find('\n').unwrap() + 1);
+    let parts = dir.join("parts.jsonl.gz");
+    let mut bytes = Vec::new();
+    for (i, p) in [head, tail].iter().enumerate() {
+        let f = dir.join(format!("p{i}"));
+        std::fs::write(&f, p).unwrap();
+        let out = std::process::Command::new("gzip").arg("-c").arg(&f).output().unwrap();
+        bytes.extend(out.stdout);
+    }
+    std::fs::write(&parts, bytes).unwrap();
+    assert_eq!(ok(&["report", "--json", parts.to_str().unwrap()]).replace(parts.to_str().unwrap(), "P"), want.replace(plain.to_str().unwrap(), "P"));
+    // A cut-off gzip: what decompressed is read, the rest is named as a decompression error.
+    let cut = dir.join("cut.jsonl.gz");
+    let whole = std::fs::read(&gz).unwrap();
+    std::fs::write(&cut, &whole[..whole.len() - 12]).unwrap();
+    let out = vramcap(&["report", cut.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert!(err.contains("gzipped trace: cannot decompress"), "{err}");
+    // zstd, xz and bzip2 are named with the command that undoes them.
+    for (tool, name, undo) in [("zstd", "zstd", "zstd -d"), ("xz", "xz", "xz -d"), ("bzip2", "bzip2", "bunzip2")] {
+        let out = std::process::Command::new(tool).arg("-c").arg(&plain).output().unwrap();
+        assert!(out.status.success(), "{tool}");
+        let f = dir.join(format!("t.{tool}"));
+        std::fs::write(&f, out.stdout).unwrap();
+        let out = vramcap(&["report", f.to_str().unwrap()]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(&format!("compressed with {name}")) && err.contains(undo) && err.starts_with("vramcap: "), "{err}");
+    }
+    // Control: a plain file that is not a trace is still "no trace header".
+    let junk = dir.join("junk.jsonl");
+    std::fs::write(&junk, "hello\n").unwrap();
+    assert!(text(&vramcap(&["report", junk.to_str().unwrap()]).stderr).contains("no trace header"));
+}
+
+fn top_once(socket: &std::path::Path) -> String {
+    let out = clean_vramcap(&["top", "--once", "--socket"]).arg(socket).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// `top` through the real binary, beside a live sidecar: every line fits 80 columns; a group
+/// member with a cap of its own still shows its group's budget; an empty table says which socket
+/// it asked and how jobs reach it.
+#[test]
+fn top_fits_80_columns_shows_the_group_budget_beside_a_cap_and_explains_an_empty_table() {
+    use std::time::Duration;
+    use vramcap_tests::sidecar_support::{Client, Sidecar, tmpdir, value, wait_until};
+    let dir = tmpdir("top80");
+    let groups = dir.join("ledgers");
+    std::fs::create_dir_all(&groups).unwrap();
+    let sc = Sidecar::start(&dir.join("s.sock"), &["--group-dir", groups.to_str().unwrap()]);
+    let empty = top_once(&sc.socket);
+    let joined = empty.lines().skip(2).map(str::trim).collect::<Vec<_>>().join(" ");
+    let s = sc.socket.display().to_string();
+    assert!(joined.contains(&format!("No process is connected to the sidecar on {s} yet")), "{empty}");
+    assert!(joined.contains(&format!("VRAMCAP_SIDECAR={s}")) && joined.contains(&format!("vramcap run --sidecar {s} -- CMD")), "{empty}");
+
+    let g = groups.to_str().unwrap();
+    let env = [
+        ("VRAMCAP_GROUP", "a-team-with-a-rather-long-name"),
+        ("VRAMCAP_GROUP_DIR", g),
+        ("VRAMCAP_GROUP_LIMIT", "3g"),
+        ("VRAMCAP_LIMIT", "2g"),
+        ("VRAMCAP_GROUP_POLICY", "equal"),
+        ("VRAMCAP_GROUP_RESERVE", "100m"),
+        ("VRAMCAP_GROUP_HEADROOM", "200m"),
+        ("VRAMCAP_PRIORITY", "7"),
+    ];
+    let c = Client::spawn("client_linked", &sc.socket, &env, "init ctx 0 alloc 1g sleep 60000");
+    wait_until("the member's allocation", Duration::from_secs(20), || {
+        value(&sc.samples(), "vramcap_memory_used_bytes", &[("pid", &c.pid()), ("device", "0")]) == Some(GIB)
+    });
+    let t = top_once(&sc.socket);
+    for l in t.lines() {
+        assert!(l.chars().count() <= 80, "{} columns: {l:?}\n{t}", l.chars().count());
+    }
+    let rows: Vec<&str> = t.lines().collect();
+    let i = rows.iter().position(|l| l.trim_start().starts_with(&c.pid())).unwrap_or_else(|| panic!("no row:\n{t}"));
+    assert!(rows[i].contains("1.0 GiB / 2.0 GiB"), "its own cap is the row's limit: {t}");
+    let under = rows[i + 1..].iter().take_while(|l| l.starts_with("        ")).map(|l| l.trim()).collect::<Vec<_>>().join(" ");
+    assert!(under.starts_with("group \"a-team-with-a-rather-long-name\": budget 3.0 GiB (1.0 GiB used by the group)"), "{t}");
+    assert!(under.contains("policy equal, priority 7") && under.contains("reserve 100.0 MiB"), "{t}");
+}
