@@ -145,3 +145,118 @@ fn top_fits_80_columns_shows_the_group_budget_beside_a_cap_and_explains_an_empty
     assert!(under.starts_with("group \"a-team-with-a-rather-long-name\": budget 3.0 GiB (1.0 GiB used by the group)"), "{t}");
     assert!(under.contains("policy equal, priority 7") && under.contains("reserve 100.0 MiB"), "{t}");
 }
+
+/// The doctor's `preload` line, checked by loading the environment's LD_PRELOAD in a child.
+fn doctor_preload(env: &[(&str, &str)]) -> (Option<i32>, String) {
+    vramcap_tests::common::build_c();
+    let mut c = clean_vramcap(&["doctor"]);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    let all = text(&out.stdout);
+    let i = all.lines().position(|l| l.split_whitespace().nth(1) == Some("preload")).unwrap_or_else(|| panic!("no preload line:\n{all}"));
+    let lines: Vec<&str> = all.lines().skip(i).take(2).collect();
+    (out.status.code(), lines.join("\n"))
+}
+
+#[test]
+fn doctor_fails_an_ld_preload_the_loader_would_not_load_and_says_what_resolves() {
+    let lib = vramcap_tests::common::preload_lib();
+    let lib = lib.to_str().unwrap();
+    let shim = vramcap_tests::common::shim_dir();
+    // deploy.md's old recipe: a bare name, not on any loader path.
+    let (code, l) = doctor_preload(&[("LD_PRELOAD", "libvramcap.so")]);
+    assert_eq!(code, Some(1), "{l}");
+    assert!(l.trim_start().starts_with("FAIL") && l.contains("bare name") && l.contains("run uncapped"), "{l}");
+    assert!(l.contains(&format!("fix: LD_PRELOAD={lib}")), "{l}");
+    // A path that does not exist.
+    let (code, l) = doctor_preload(&[("LD_PRELOAD", "/nonexistent/libvramcap.so")]);
+    assert!(code == Some(1) && l.contains("/nonexistent/libvramcap.so does not exist"), "{l}");
+    // Controls: an absolute path, and a bare name whose directory is on LD_LIBRARY_PATH.
+    let (_, l) = doctor_preload(&[("LD_PRELOAD", lib)]);
+    assert!(l.trim_start().starts_with("OK") && l.contains(&format!("loads {lib}")), "{l}");
+    let dirs = format!("{}:{}", shim.display(), std::path::Path::new(lib).parent().unwrap().display());
+    let (_, l) = doctor_preload(&[("LD_PRELOAD", "libvramcap.so"), ("LD_LIBRARY_PATH", &dirs)]);
+    assert!(l.trim_start().starts_with("OK") && l.contains(&format!("loads {lib}")), "{l}");
+}
+
+/// `vramcap run` says when the process it starts would not get the library: a statically linked
+/// program, a set-user-ID one (secure-execution mode); a script is judged by its interpreter.
+#[test]
+fn run_warns_when_the_job_would_not_get_the_library() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("reach");
+    let src = dir.join("s.c");
+    std::fs::write(&src, "int main(void) { return 3; }\n").unwrap();
+    let stat = dir.join("static-prog");
+    let st = std::process::Command::new("cc").arg("-static").arg("-o").arg(&stat).arg(&src).status().unwrap();
+    assert!(st.success(), "cc -static (libc6-dev's libc.a)");
+    let out = clean_vramcap(&["run", "--"]).arg(&stat).output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "the job still runs: {err}");
+    assert!(err.contains(&format!("vramcap: warning: {} is statically linked", stat.display())) && err.contains("runs uncapped"), "{err}");
+    // A script whose interpreter (through env) is dynamic: no warning; the control for both.
+    let script = dir.join("job.sh");
+    std::fs::write(&script, "#!/usr/bin/env sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = clean_vramcap(&["run", "--"]).arg(&script).output().unwrap();
+    assert!(out.status.success() && !text(&out.stderr).contains("warning"), "{}", text(&out.stderr));
+    let out = clean_vramcap(&["run", "--", "true"]).output().unwrap();
+    assert!(out.status.success() && out.stderr.is_empty(), "{}", text(&out.stderr));
+    // A script run by the static program is judged by it.
+    let wrapped = dir.join("wrapped");
+    std::fs::write(&wrapped, format!("#!{}\n", stat.display())).unwrap();
+    std::fs::set_permissions(&wrapped, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = clean_vramcap(&["run", "--"]).arg(&wrapped).output().unwrap();
+    assert!(text(&out.stderr).contains("is statically linked"), "{}", text(&out.stderr));
+    if unsafe { libc_getuid() } != 0 {
+        eprintln!("SKIPPED the set-user-ID half: needs root (to make a file another user owns)");
+        return;
+    }
+    let suid = dir.join("suid-true");
+    std::fs::copy(vramcap_tests::common::ctests_dir().join("client_linked"), &suid).unwrap();
+    std::os::unix::fs::chown(&suid, Some(65534), None).unwrap();
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let out = clean_vramcap(&["run", "--"]).arg(&suid).arg("version").output().unwrap();
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("vramcap: warning: {} is set-user-ID (owner uid 65534)", suid.display())), "{err}");
+}
+
+/// A library the user cannot read would leave every process uncapped: `run` refuses to start.
+#[test]
+fn run_refuses_a_preload_library_its_user_cannot_read() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if unsafe { libc_getuid() } != 0 {
+        eprintln!("SKIPPED: needs root (to run as another uid)");
+        return;
+    }
+    let bin = lonely_binary("unreadable-lib");
+    let dir = bin.parent().unwrap();
+    let lib = dir.join("libvramcap.so");
+    std::fs::copy(vramcap_tests::common::preload_lib(), &lib).unwrap();
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for d in [dir, dir.parent().unwrap()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut c = std::process::Command::new(&bin);
+    clean_env(&mut c);
+    c.args(["run", "--", "true"]).uid(65534).gid(65534).current_dir("/");
+    let out = output_of_copy(&mut c);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("{} is not readable by uid 65534", lib.display())) && err.contains("uncapped"), "{err}");
+    // Control: readable, it runs.
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut c = std::process::Command::new(&bin);
+    clean_env(&mut c);
+    c.args(["run", "--", "true"]).uid(65534).gid(65534).current_dir("/");
+    let out = output_of_copy(&mut c);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+unsafe extern "C" {
+    #[link_name = "getuid"]
+    fn libc_getuid() -> u32;
+}

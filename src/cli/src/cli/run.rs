@@ -236,6 +236,21 @@ pub fn main(a: RunArgs) -> Result<(), String> {
         usage_error(format!("no command given; expected {USAGE}"));
     };
     let lib = preload_library().unwrap_or_else(|e| usage_error(e));
+    // The loader needs to read the library: without that every process would run uncapped.
+    if !super::reach::readable(&lib) {
+        usage_error(format!(
+            "{} is not readable by uid {}: the loader could not preload it and the job would run uncapped; \
+             expected a library this user can read (its directories searchable too)",
+            lib.display(),
+            unsafe { libc::getuid() }
+        ));
+    }
+    // Where the job itself would not get it (it may still start processes that do): say so.
+    if let Some(p) = super::reach::resolve(prog) {
+        for w in super::reach::program_warnings(&p) {
+            eprintln!("vramcap: warning: {w}");
+        }
+    }
     if let Some(t) = &a.trace {
         let dir = Path::new(t).parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         if !dir.to_string_lossy().contains('%') && !dir.is_dir() {
