@@ -260,3 +260,62 @@ unsafe extern "C" {
     #[link_name = "getuid"]
     fn libc_getuid() -> u32;
 }
+
+/// `scripts/install.sh --help` is the usage and nothing else (no shell code); the README's
+/// install line installs where it says (without its build step: the test's build is the one
+/// under test); a prefix the user cannot write is refused before anything is built, saying what
+/// needs root.
+#[test]
+fn install_help_is_clean_and_the_readmes_install_line_installs_for_the_user() {
+    let root = vramcap_tests::common::root();
+    let script = root.join("scripts/install.sh");
+    let out = std::process::Command::new(&script).arg("--help").output().unwrap();
+    let help = text(&out.stdout);
+    assert!(out.status.success() && out.stderr.is_empty(), "{}", text(&out.stderr));
+    assert!(help.starts_with("Usage: scripts/install.sh [--prefix DIR] [--no-build]\n"), "{help}");
+    for bad in ["set -", "pipefail", "\n#", "$(", "EOF"] {
+        assert!(!help.contains(bad), "shell code {bad:?} in --help:\n{help}");
+    }
+    for want in ["--prefix ~/.local", "root", "sudo scripts/install.sh --no-build", "No ldconfig", "PATH"] {
+        assert!(help.contains(want), "{want:?} missing:\n{help}");
+    }
+
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let section = readme.split("## Install\n").nth(1).expect("an Install section");
+    let line = section.split("```sh\n").nth(1).unwrap().lines().next().unwrap();
+    assert!(line.starts_with("scripts/install.sh --prefix ~/.local"), "{line}");
+    let home = scratch("install-home");
+    let mut sh = std::process::Command::new("sh");
+    clean_env(&mut sh);
+    let out = sh.current_dir(&root).env("HOME", &home).arg("-c").arg(format!("{line} --no-build")).output().unwrap();
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{line}: {}", text(&out.stderr));
+    let local = home.join(".local");
+    for f in ["bin/vramcap", "lib/libvramcap.so", "share/vramcap/demo/libcuda.so.1"] {
+        assert!(local.join(f).is_file(), "{f} not installed: {said}");
+    }
+    assert!(said.contains(&format!("{}/bin is not on PATH", local.display())), "{said}");
+    let mut c = std::process::Command::new(local.join("bin/vramcap"));
+    clean_env(&mut c);
+    let out = output_of_copy(c.arg("doctor"));
+    let lib_line = text(&out.stdout).lines().find(|l| l.contains(" library ")).unwrap_or_default().to_string();
+    assert!(lib_line.trim_start().starts_with("OK") && lib_line.contains(&*local.join("lib/libvramcap.so").to_string_lossy()), "{lib_line}");
+
+    // As a user who cannot write the prefix: refused before building, naming root and ~/.local.
+    if unsafe { libc_getuid() } != 0 {
+        eprintln!("SKIPPED the other-user half: needs root");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let copy = scratch("install-copy");
+    std::fs::create_dir_all(copy.join("scripts")).unwrap();
+    std::fs::copy(&script, copy.join("scripts/install.sh")).unwrap();
+    let mut c = std::process::Command::new("bash");
+    clean_env(&mut c);
+    let out = c.arg(copy.join("scripts/install.sh")).args(["--prefix", "/opt/vramcap-install-test/x"]).uid(65534).gid(65534).current_dir("/").output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot write to /opt/vramcap-install-test/x") && err.contains("need root") && err.contains("--prefix ~/.local"), "{err}");
+    assert!(!err.contains("cargo") || err.contains("sudo scripts/install.sh --no-build"), "{err}");
+    assert!(!std::path::Path::new("/opt/vramcap-install-test").exists());
+}
