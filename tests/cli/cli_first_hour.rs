@@ -319,3 +319,28 @@ fn install_help_is_clean_and_the_readmes_install_line_installs_for_the_user() {
     assert!(!err.contains("cargo") || err.contains("sudo scripts/install.sh --no-build"), "{err}");
     assert!(!std::path::Path::new("/opt/vramcap-install-test").exists());
 }
+
+/// Issue 28 item 1: no script hides cargo's or pip's progress (`-q` also hid "Blocking waiting
+/// for file lock": a demo sat silent for 20 minutes behind another build), and the README says
+/// how long a first run takes and why, with the figures measured.
+#[test]
+fn scripts_show_cargos_and_pips_progress_and_the_readme_says_how_long_a_first_run_takes() {
+    let root = vramcap_tests::common::root();
+    for e in std::fs::read_dir(root.join("scripts")).unwrap() {
+        let p = e.unwrap().path();
+        let Ok(s) = std::fs::read_to_string(&p) else { continue };
+        for (n, l) in s.lines().enumerate() {
+            let code = l.split(" #").next().unwrap_or(l);
+            let quiet = code.split_whitespace().any(|w| w == "-q" || w == "--quiet");
+            if (code.contains("cargo ") || code.contains("pip install")) && quiet {
+                panic!("{}:{}: {l}", p.display(), n + 1);
+            }
+        }
+    }
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let setup = readme.split("## Try the commands on the fake GPU").next().unwrap();
+    for want in ["How long a first run takes", "383 s", "fresh clone", "2-core", "432 s", "900 MB", "another build's lock"] {
+        assert!(setup.contains(want), "{want:?} missing from the set-up section");
+    }
+    assert!(!setup.contains("in a couple of\nseconds.") && !setup.contains("in a couple of seconds."), "the first run is not a couple of seconds");
+}
