@@ -344,3 +344,56 @@ fn scripts_show_cargos_and_pips_progress_and_the_readme_says_how_long_a_first_ru
     }
     assert!(!setup.contains("in a couple of\nseconds.") && !setup.contains("in a couple of seconds."), "the first run is not a couple of seconds");
 }
+
+/// Issue 28 item 11: `report` reads events in causal order by `t_ns`, not by `seq`. A free
+/// stamped before its driver call but written after other threads reused its address (here the
+/// reuse is allocated and freed again before the delayed free is written) still ends its own
+/// allocation: 0 "frees without a traced allocation" on a complete trace.
+#[test]
+fn report_matches_frees_in_time_order_when_threads_reuse_each_others_addresses() {
+    let dir = scratch("causal-report");
+    let header = std::fs::read_to_string(data("job_rank0.jsonl")).unwrap().lines().next().unwrap().to_string();
+    let ev = |seq: u64, t: u64, tid: u64, op: &str, size: u64| {
+        format!(
+            r#"{{"type":"event","seq":{seq},"t_ns":{t},"tid":{tid},"op":"{op}","api":"{}","dev":0,"ptr":"0x7f0000000000","size":{size},"result":0,"dur_ns":50}}"#,
+            if op == "alloc" { "cuMemAlloc_v2" } else { "cuMemFree_v2" }
+        )
+    };
+    // Thread 1: alloc at 10, free stamped at 20 but written last. Thread 2 gets the address at
+    // 30 and frees it at 40; thread 3 at 50 and 60.
+    let lines = [
+        header,
+        ev(0, 10, 1, "alloc", 1000),
+        ev(1, 30, 2, "alloc", 2000),
+        ev(2, 40, 2, "free", 2000),
+        ev(3, 50, 3, "alloc", 3000),
+        ev(4, 60, 3, "free", 3000),
+        ev(5, 20, 1, "free", 1000),
+        r#"{"type":"summary","events":6,"dropped":0,"peak":{"0":3000},"used":{"0":0}}"#.to_string(),
+    ];
+    let f = dir.join("t.jsonl");
+    std::fs::write(&f, lines.join("\n") + "\n").unwrap();
+    let v = json(&["report", "--json", f.to_str().unwrap()]);
+    let d = &v["processes"][0]["devices"][0];
+    assert_eq!((d["frees"].as_u64(), d["unmatched_frees"].as_u64(), d["leaked_count"].as_u64()), (Some(3), Some(0), Some(0)), "{d}");
+    assert!(!ok(&["report", f.to_str().unwrap()]).contains("frees without a traced allocation"));
+
+    // A real multi-threaded run through the preload: threads free and re-allocate each other's
+    // addresses (the fake's free returns 200 us after the address is reusable), every event kept.
+    vramcap_tests::common::build_c();
+    for seed in 1..=3 {
+        let path = dir.join(format!("real-{seed}.jsonl"));
+        let out = vramcap_tests::common::Run::client("client_procaddr")
+            .env("VRAMCAP_TRACE", &path)
+            .env("VRAMCAP_TRACE_MODE", "lossless")
+            .env("FAKECUDA_FREE_DELAY_US", "200")
+            .args([format!("init ctx 0 threads 16 3000 64k {seed}")])
+            .run();
+        out.ok();
+        let v = json(&["report", "--json", path.to_str().unwrap()]);
+        let d = &v["processes"][0]["devices"][0];
+        assert_eq!(v["processes"][0]["dropped"].as_u64().unwrap_or(0), 0, "the check needs every event: {}", v["processes"][0]);
+        assert!(d["frees"].as_u64().unwrap() > 20_000, "{d}");
+        assert_eq!((d["unmatched_frees"].as_u64(), d["leaked_count"].as_u64()), (Some(0), Some(0)), "seed {seed}: {d}");
+    }
+}
