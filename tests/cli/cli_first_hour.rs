@@ -397,3 +397,63 @@ fn report_matches_frees_in_time_order_when_threads_reuse_each_others_addresses()
         assert_eq!((d["unmatched_frees"].as_u64(), d["leaked_count"].as_u64()), (Some(0), Some(0)), "seed {seed}: {d}");
     }
 }
+
+/// The value of attribute `name` in one SVG element's text.
+fn attr<'a>(el: &'a str, name: &str) -> Option<&'a str> {
+    let i = el.find(&format!(" {name}=\""))? + name.len() + 3;
+    el[i..].split('"').next()
+}
+
+/// The SVG's elements of one kind, as their opening tags.
+fn elements<'a>(svg: &'a str, tag: &str) -> Vec<&'a str> {
+    svg.split('<').filter(|e| e.starts_with(&format!("{tag} "))).collect()
+}
+
+/// Issue 28 item 10, checked in the SVG: every stacked area is opaque (a translucent layer over
+/// another blended into colours the legend does not have) and its fill is a legend swatch's; the
+/// denied swatch is a × of two red strokes like the chart's; no swatch stands for the "all"
+/// total, which nothing drawn matches.
+#[test]
+fn the_plots_legend_has_the_colours_and_marks_the_chart_draws() {
+    let dir = scratch("plot-legend");
+    let out = clean_vramcap(&["demo", "--out"]).arg(&dir).stdout(Stdio::null()).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let demo = dir.join("trace.jsonl");
+    for traces in [vec![demo.to_string_lossy().into_owned()], vec![data("job_rank0.jsonl"), data("job_rank1.jsonl")]] {
+        let mut args = vec!["plot", "-o", "-"];
+        args.extend(traces.iter().map(String::as_str));
+        let svg = ok(&args);
+        // The legend column starts where the chart ends (its swatches are 16 x 12 rectangles).
+        let swatches: Vec<&str> = elements(&svg, "rect").into_iter().filter(|r| attr(r, "width") == Some("16") && attr(r, "height") == Some("12")).collect();
+        let legend_x: i64 = swatches.iter().filter_map(|r| attr(r, "x")?.parse().ok()).min().expect("legend swatches");
+        let fills: Vec<&str> = swatches.iter().filter_map(|r| attr(r, "fill")).filter(|f| *f != "none").collect();
+        let areas = elements(&svg, "polygon");
+        assert_eq!(areas.len(), traces.len(), "one area per process: {traces:?}");
+        assert_eq!(fills.len(), areas.len(), "one filled swatch per area, none for the total: {fills:?}");
+        for a in &areas {
+            assert_eq!(attr(a, "opacity"), Some("1"), "a translucent area blends with the one below: {}", &a[..60.min(a.len())]);
+            let f = attr(a, "fill").unwrap();
+            assert!(fills.contains(&f), "area fill {f} is not in the legend {fills:?}");
+        }
+        assert!(swatches.iter().all(|r| attr(r, "opacity") == Some("1")), "{swatches:?}");
+        assert!(!fills.contains(&"#000000"), "the grey 'all' swatch matches nothing drawn");
+        assert!(svg.contains("held at the end"), "the total is still said");
+        // The denial: a × in the chart and the same × in the legend.
+        let red_lines: Vec<(i64, i64, i64, i64)> = elements(&svg, "line")
+            .into_iter()
+            .filter(|l| attr(l, "stroke") == Some("#FF0000"))
+            .map(|l| {
+                let n = |k: &str| attr(l, k).unwrap().parse::<i64>().unwrap();
+                (n("x1"), n("y1"), n("x2"), n("y2"))
+            })
+            .collect();
+        let crosses = |legend: bool| red_lines.iter().filter(|l| (l.0 >= legend_x) == legend && l.0 != l.2 && l.1 != l.3).count();
+        // The demo's job is denied once (the golden pair has a denial too).
+        let denied = svg.contains(">\ndenied\n<");
+        assert!(denied, "{traces:?}");
+        if denied {
+            assert_eq!(crosses(true), 2, "the legend's denied swatch is a ×: {red_lines:?}");
+            assert!(crosses(false) >= 2, "the chart marks the denial with a ×");
+        }
+    }
+}
