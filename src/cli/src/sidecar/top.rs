@@ -256,14 +256,29 @@ fn stdout_failed(e: &std::io::Error) -> String {
 /// terminal it retries until Ctrl-C, as the person watching can see why.
 pub const PIPE_RETRIES: u32 = 10;
 
+/// `--once --wait`: the first answer that shows a process, or when the time is up the last
+/// answer (or the last error) as it is. Polled every 100 ms: a query costs the sidecar one line.
+fn query_waiting(socket: &Path, wait: Option<Duration>) -> Result<Value, String> {
+    let Some(wait) = wait else { return query(socket) };
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let r = query(socket);
+        let shown = r.as_ref().is_ok_and(|v| v.get("clients").and_then(Value::as_array).is_some_and(|c| !c.is_empty()));
+        if shown || std::time::Instant::now() >= deadline {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// `--once`: one snapshot. Otherwise every second: on a terminal, redrawn in place; into a pipe
 /// or file, plain snapshots one after another (no screen-control codes), each ending with a blank
 /// line. A reader that goes away ends top like any Unix tool (SIGPIPE).
-pub fn run(socket: &Path, once: bool) -> Result<(), String> {
+pub fn run(socket: &Path, once: bool, wait: Option<Duration>) -> Result<(), String> {
     let mut stdout = std::io::stdout();
     let mut put = |s: &str| stdout.write_all(s.as_bytes()).and_then(|_| stdout.flush()).map_err(|e| stdout_failed(&e));
     if once {
-        return put(&render(&query(socket)?, socket));
+        return put(&render(&query_waiting(socket, wait)?, socket));
     }
     let tty = unsafe { libc::isatty(1) } == 1;
     let mut failures = 0u32;
