@@ -15,13 +15,17 @@
  *   6. shutdown        weights and optimizer freed, the leak is left
  *
  * Sizes assume an 8 GiB cap (what `vramcap demo` sets); the job itself only
- * reads what cuMemGetInfo reports.  Exit status: 0, or 1 when a driver call
+ * reads what cuMemGetInfo reports.  `demo_train --hold` stops before step 6
+ * holding its memory until SIGTERM or SIGINT (kill, Ctrl-C), so `vramcap top`
+ * and the sidecar's /metrics can be watched on a live job.  Exit status: 0, or 1 when a driver call
  * fails in a way the story does not expect (the burst must be refused).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "cuda_types.h"
@@ -82,8 +86,21 @@ static void report_info(const char *when)
     fflush(stdout);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    int hold = argc > 1 && !strcmp(argv[1], "--hold");
+    if (argc > 1 && !hold) {
+        fprintf(stderr, "usage: demo_train [--hold]\n");
+        return 2;
+    }
+    /* --hold: the stop signals are taken with sigwait, so they are blocked from the start
+       (before any thread exists, so every thread inherits the mask). */
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    if (hold)
+        sigprocmask(SIG_BLOCK, &stop, NULL);
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     CUcontext ctx;
     static CUdeviceptr weights[2 + 3 * LAYERS], moments[2 * (2 + 3 * LAYERS)], acts[LAYERS];
@@ -176,6 +193,13 @@ int main(void)
         if (step == 1 || step % 10 == 0)
             report_info(step == 1 ? "after step 1 (optimizer state created)" : "training");
         pause_ms(25);
+    }
+
+    if (hold) {
+        int sig = 0;
+        report_info("holding its memory until SIGTERM or SIGINT (kill, Ctrl-C)");
+        sigwait(&stop, &sig);
+        printf("[demo job] signal %d: shutting down\n", sig);
     }
 
     /* 6. Shutdown: the job frees what it knows about. */

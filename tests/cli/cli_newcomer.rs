@@ -198,25 +198,82 @@ fn the_demos_running_line_runs_as_printed_on_the_fake_gpu() {
     assert!(out.status.code() == Some(2) && text(&out.stderr).contains("--fake-gpu \"50%\""), "{}", text(&out.stderr));
 }
 
-/// Every line of the README's fake-GPU walkthrough, pasted into a shell in a fresh directory
-/// beside the built tree: each succeeds (or exits as its comment says).
+/// The README's fake-GPU walkthrough, pasted line by line into one shell in a fresh directory
+/// beside the built tree: every line ends as its comment says (0, or `# exit 1`), the background
+/// jobs included; `top` shows the group member with its cap and the group's budget, `/metrics`
+/// its usage, `limit` moves the budget. The metrics port is swapped for a free one (the only
+/// change: tests run side by side), and a private group directory keeps other runs out.
 #[test]
 fn the_readmes_fake_gpu_walkthrough_runs_line_by_line() {
+    use std::os::unix::process::CommandExt;
     let root = vramcap_tests::common::root();
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
     let section = readme.split("## Try the commands on the fake GPU").nth(1).expect("the section");
     let block = section.split("```sh\n").nth(1).unwrap().split("```").next().unwrap();
     let dir = scratch("readme-walk");
     std::os::unix::fs::symlink(root.join("target"), dir.join("target")).unwrap();
-    let lines: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert!(lines.len() >= 4, "{block}");
-    for line in lines {
-        let want = if line.contains("# exit 1") { 1 } else { 0 };
-        let mut sh = std::process::Command::new("sh");
-        clean_env(&mut sh);
-        let out = sh.env_remove("LD_LIBRARY_PATH").current_dir(&dir).arg("-c").arg(line).output().unwrap();
-        assert_eq!(out.status.code(), Some(want), "{line}: {}", text(&out.stderr));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let lines: Vec<String> = block.lines().filter(|l| !l.trim().is_empty()).map(|l| l.replace("127.0.0.1:9400", &format!("127.0.0.1:{port}"))).collect();
+    for want in ["--limit", "--trace", "report", "sidecar", "/metrics", "top", "--group", "limit --group"] {
+        assert!(lines.iter().any(|l| l.contains(want)), "the walkthrough lacks {want:?}:\n{block}");
     }
+    // One shell, as a person pastes: each line's status is recorded after it.
+    let mut script = String::from("set +e\n");
+    for (i, l) in lines.iter().enumerate() {
+        script.push_str(&format!("echo '>>> {i}'\n{l}\necho \"<<< {i} $?\"\n"));
+    }
+    let groups = vramcap_tests::common::private_group_dir();
+    let mut sh = std::process::Command::new("bash");
+    clean_env(&mut sh);
+    let out = sh
+        .env_remove("LD_LIBRARY_PATH")
+        .env("VRAMCAP_GROUP_DIR", &groups)
+        .current_dir(&dir)
+        .arg("-c")
+        .arg(&script)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = out.id() as i32;
+    // The background jobs hold the output pipes too: a line that failed to stop them must not
+    // keep the test waiting, so the whole process group goes at the deadline.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let guard = std::thread::spawn(move || {
+        if rx.recv_timeout(std::time::Duration::from_secs(180)).is_err() {
+            unsafe { libc_kill(-pgid, 9) };
+        }
+    });
+    let out = out.wait_with_output().unwrap();
+    let _ = tx.send(());
+    guard.join().unwrap();
+    // Whatever is left of the group (nothing, when `kill %2 %1` ran) goes with the shell.
+    unsafe { libc_kill(-pgid, 9) };
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    let mut rcs = std::collections::HashMap::new();
+    for l in stdout.lines() {
+        if let Some(rest) = l.strip_prefix("<<< ") {
+            let (i, rc) = rest.split_once(' ').unwrap();
+            rcs.insert(i.parse::<usize>().unwrap(), rc.parse::<i32>().unwrap());
+        }
+    }
+    for (i, line) in lines.iter().enumerate() {
+        let want = if line.contains("# exit 1") { 1 } else { 0 };
+        assert_eq!(rcs.get(&i), Some(&want), "{line}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    }
+    let section = |i: usize| stdout.split(&format!(">>> {i}\n")).nth(1).unwrap().split(&format!("<<< {i} ")).next().unwrap().to_string();
+    let at = |needle: &str| lines.iter().position(|l| l.contains(needle)).unwrap();
+    let top = section(at("vramcap top"));
+    assert!(top.contains("demo_train") && top.contains("/ 8.0 GiB") && top.contains("group \"demo\": budget 8.0 GiB"), "{top}");
+    assert!(section(at("curl")).contains("vramcap_memory_used_bytes{"), "{stdout}");
+    assert!(section(at("limit --group")).contains("limit 8.0 GiB -> 7.0 GiB"), "{stdout}");
     let svg = std::fs::read_to_string(dir.join("usage.svg")).unwrap();
     assert!(svg.starts_with("<svg"), "{}", &svg[..40.min(svg.len())]);
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
 }

@@ -3,6 +3,7 @@
 mod cli_demo;
 mod cli_doctor;
 mod cli_export;
+mod cli_first_hour;
 mod cli_grammar;
 mod cli_newcomer;
 mod cli_replay;

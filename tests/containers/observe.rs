@@ -87,7 +87,9 @@ fn the_hosts_sidecar_sees_the_containers_processes_as_their_traces_do() {
     assert_eq!(used, Some(64 << 20), "{}", sidecar.text());
     let top = std::process::Command::new(vramcap_tests::common::vramcap_bin()).args(["top", "--once", "--socket"]).arg(&socket).output().unwrap();
     let top = String::from_utf8_lossy(&top.stdout);
-    assert!(top.contains(&format!("in container trainer ({}), pod ml/train-0", &id[..12])), "{top}");
+    // The line under the row wraps at 80 columns: read it as one.
+    let flat = top.lines().map(str::trim).collect::<Vec<_>>().join(" ");
+    assert!(flat.contains(&format!("in container trainer ({}), pod ml/train-0", &id[..12])), "{top}");
     assert!(ctr.finish().success());
     // The process's own trace, in the container's trace directory, says the same.
     let dir = c.trace_dir.join(&id);

@@ -85,14 +85,48 @@ fn the_environment_cannot_disable_raise_or_leave_the_ceiling() {
     for line in [
         "ignoring VRAMCAP_DISABLE=\"1\": /etc/vramcap/limits sets this machine's ceiling",
         "ignoring VRAMCAP_GROUP=\"mine\"",
-        "VRAMCAP_LIMIT above the ceiling 256.0 MiB for device 0",
-        "VRAMCAP_GROUP_LIMIT above the ceiling 512.0 MiB for device 0",
+        "VRAMCAP_LIMIT above the ceiling in /etc/vramcap/limits (256.0 MiB on devices 0-1)",
+        "VRAMCAP_GROUP_LIMIT above the ceiling in /etc/vramcap/limits (512.0 MiB on devices 0-1)",
     ] {
         assert_eq!(out.stderr.matches(line).count(), 1, "{line}: {}", out.stderr);
     }
     // The member is in the platform's group, under the platform's group limit.
     let m = vramcap_common::group_ledger::file::open_existing(&vramcap_common::group_ledger::file::path_for(g.to_str().unwrap(), "plat")).unwrap().unwrap();
     assert_eq!(m.shm.devices[0].limit.load(std::sync::atomic::Ordering::SeqCst), 512 * MIB);
+}
+
+/// Issue 28 item 11: on an eight-GPU node a refused setting is one line, not one per device, in
+/// the name the user set; HAMi's variable, unused under the file's vramcap limits, is said once
+/// (it was silent). Control: without a file nothing is said about either.
+#[test]
+fn a_refused_setting_is_one_line_however_many_devices_and_an_unused_hami_limit_is_said() {
+    needs_root_ns!();
+    let t = scratch();
+    let g = t.join("groups");
+    std::fs::create_dir_all(&g).unwrap();
+    let group_file = format!("VRAMCAP_GROUP=plat\nVRAMCAP_GROUP_DIR={}\nVRAMCAP_GROUP_LIMIT=512m\n", g.display());
+    let cases: [(&str, (&str, &str), &str); 4] = [
+        ("VRAMCAP_LIMIT=512m\n", ("VRAMCAP_LIMIT", "1g"), "VRAMCAP_LIMIT above the ceiling in /etc/vramcap/limits (512.0 MiB on devices 0-7)"),
+        ("CUDA_DEVICE_MEMORY_LIMIT=512m\n", ("CUDA_DEVICE_MEMORY_LIMIT", "1g"), "CUDA_DEVICE_MEMORY_LIMIT above the ceiling in /etc/vramcap/limits (512.0 MiB on devices 0-7)"),
+        ("VRAMCAP_LIMIT=512m\n", ("CUDA_DEVICE_MEMORY_LIMIT", "1g"), "ignoring CUDA_DEVICE_MEMORY_LIMIT=\"1g\": /etc/vramcap/limits sets this machine's ceiling"),
+        (&group_file, ("CUDA_DEVICE_MEMORY_LIMIT", "1g"), "ignoring CUDA_DEVICE_MEMORY_LIMIT=\"1g\": /etc/vramcap/limits sets this machine's ceiling"),
+    ];
+    for (file, (k, v), want) in cases {
+        let out = with_etc(&t, file, "0644", None, &client("client_procaddr"))
+            .env("FAKECUDA_DEVICE_COUNT", "8")
+            .env(k, v)
+            .args(["init ctx 0 info"])
+            .run();
+        out.ok();
+        assert_eq!(out.nth("info", 0).num("total"), 512 * MIB, "{file} {k}: {}", out.stderr);
+        // (Run gives every client a private VRAMCAP_GROUP_DIR, which the file's group refuses.)
+        let said: Vec<&str> = out.stderr.lines().filter(|l| l.starts_with("vramcap: ") && !l.contains("VRAMCAP_GROUP_DIR")).collect();
+        assert_eq!(said.len(), 1, "{file} {k}={v}: {}", out.stderr);
+        assert!(said[0].contains(want), "{file} {k}={v}: {}", out.stderr);
+    }
+    let out = Run::client("client_procaddr").env("FAKECUDA_DEVICE_COUNT", "8").env("CUDA_DEVICE_MEMORY_LIMIT", "1g").args(["init ctx 0 info"]).run();
+    out.ok();
+    assert!(!out.stderr.contains("vramcap: "), "{}", out.stderr);
 }
 
 #[test]
@@ -130,7 +164,7 @@ fn a_configmap_volume_of_symlinks_is_a_ceiling() {
         .run();
     out.ok();
     assert_eq!(out.nth("alloc", 0).rc(), 2, "{}", out.stderr);
-    assert!(out.stderr.contains("above the ceiling 64.0 MiB"), "{}", out.stderr);
+    assert!(out.stderr.contains("above the ceiling in /etc/vramcap/limits (64.0 MiB on devices 0-1)"), "{}", out.stderr);
 }
 
 #[test]

@@ -83,7 +83,9 @@ fn clients_in_kubernetes_cgroups_are_labelled_with_their_container_and_pod() {
         assert_eq!(found, Some(32 * MIB), "{rel}");
         let top = Command::new(vramcap_bin()).args(["top", "--once", "--socket"]).arg(&sc.socket).output().unwrap();
         let top = String::from_utf8_lossy(&top.stdout);
-        assert!(top.contains(&format!("in container trainer ({}), pod ml/train-0 (uid {UID})", &ID[..12])), "{rel}: {top}");
+        // The line under the row wraps at 80 columns: read it as one.
+        let flat = top.lines().map(str::trim).collect::<Vec<_>>().join(" ");
+        assert!(flat.contains(&format!("in container trainer ({}), pod ml/train-0 (uid {UID})", &ID[..12])), "{rel}: {top}");
         let _ = child.kill();
         let _ = child.wait();
         remove(&made);

@@ -76,6 +76,10 @@ enum Cmd {
         /// Print one snapshot and exit (for scripts).
         #[arg(long)]
         once: bool,
+        /// With --once: wait up to this many seconds for the sidecar to answer and a first
+        /// process to be connected before printing (a sidecar or job just started).
+        #[arg(long, value_name = "SECONDS", requires = "once")]
+        wait: Option<f64>,
     },
     /// Peak, leaks, denials, failures, size and lifetime distributions per process and device.
     Report {
@@ -264,14 +268,18 @@ fn main() {
                 admin_gid: admin_group,
             };
             if let Err(e) = sidecar::run(opts) {
-                eprintln!("vramcap sidecar: {e}");
+                eprintln!("vramcap: sidecar: {e}");
                 std::process::exit(1);
             }
             Ok(())
         }
-        Cmd::Top { socket, once } => {
-            if let Err(e) = sidecar::top::run(&socket, once) {
-                eprintln!("vramcap top: {e}");
+        Cmd::Top { socket, once, wait } => {
+            let wait = match wait {
+                Some(w) if !(w.is_finite() && (0.0..1e6).contains(&w)) => fail(format!("invalid --wait {w}: expected seconds, 0 or more")),
+                w => w.map(std::time::Duration::from_secs_f64),
+            };
+            if let Err(e) = sidecar::top::run(&socket, once, wait) {
+                eprintln!("vramcap: top: {e}");
                 std::process::exit(1);
             }
             Ok(())

@@ -174,7 +174,7 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &mut String) -> Result<(), Box<d
     let xmax = secs(n).max(1e-9);
     for (area, &dev) in areas.iter().zip(devs.iter()) {
         let (area, legend_area) = area.split_horizontally(area.dim_in_pixel().0.saturating_sub(LEGEND_WIDTH));
-        let mut legend: Vec<(String, RGBColor, bool)> = Vec::new();
+        let mut legend: Vec<(String, Swatch)> = Vec::new();
         let ks: Vec<usize> = (0..g.series.len()).filter(|&k| g.series[k].dev == dev).collect();
         // Stack: cumulative sums in series order.
         let mut stacked: Vec<Vec<u64>> = Vec::new();
@@ -217,22 +217,25 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &mut String) -> Result<(), Box<d
             .draw()?;
         // Draw the tallest layer first so each lower layer paints over it.
         for (j, &k) in ks.iter().enumerate().rev() {
-            let color = Palette99::pick(g.series[k].proc_idx);
+            let c = Palette99::pick(g.series[k].proc_idx).to_rgba();
+            let color = RGBColor(c.0, c.1, c.2);
+            // Opaque: a translucent layer over the one below blends into a colour the legend
+            // does not have. The legend's swatch is this very fill.
+            let fill = lighter(color);
             let h = &m.readers[g.series[k].proc_idx].header;
             // Steps, not slopes: each bucket holds its value for its whole width.
             let pts: Vec<(f64, f64)> = stacked[j].iter().enumerate().flat_map(|(b, v)| [(secs(b), *v as f64 / GIB), (secs(b + 1), *v as f64 / GIB)]).collect();
-            chart.draw_series(AreaSeries::new(pts, 0.0, color.mix(0.45)).border_style(color.stroke_width(1)))?;
+            chart.draw_series(AreaSeries::new(pts, 0.0, fill.filled()).border_style(color.stroke_width(1)))?;
             let s = &g.series[k];
-            let c = color.to_rgba();
             let dropped = m.readers[g.series[k].proc_idx].summary.as_ref().map_or(0, |s| s.dropped);
             let note = if dropped > 0 { format!(" ({dropped} event(s) dropped)") } else { String::new() };
-            legend.push((format!("pid {} ({}): {} at end{note}", h.pid, clean(&h.exe), vramcap_common::grammar::size::human(s.used)), RGBColor(c.0, c.1, c.2), false));
+            legend.push((format!("pid {} ({}): {} at end{note}", h.pid, clean(&h.exe), vramcap_common::grammar::size::human(s.used)), Swatch::Area(fill, color)));
         }
         for &gc in &group_caps {
             let y = gc as f64 / GIB;
             chart.draw_series(DashedLineSeries::new(vec![(0.0, y), (xmax, y)], 8, 4, RED.stroke_width(2)))?;
             let name = ks.iter().find_map(|&k| m.readers[g.series[k].proc_idx].header.group.clone()).unwrap_or_default();
-            legend.push((format!("group \"{}\" budget {}", clean(&name), vramcap_common::grammar::size::human(gc)), RED, true));
+            legend.push((format!("group \"{}\" budget {}", clean(&name), vramcap_common::grammar::size::human(gc)), Swatch::Dashed(RED)));
         }
         let mut same = caps.clone();
         same.dedup_by_key(|c| c.1);
@@ -240,7 +243,7 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &mut String) -> Result<(), Box<d
             let y = *cap as f64 / GIB;
             let label = if same.len() == 1 { "cap".to_string() } else { format!("cap pid {}", m.readers[g.series[*k].proc_idx].header.pid) };
             chart.draw_series(LineSeries::new(vec![(0.0, y), (xmax, y)], RED.stroke_width(2)))?;
-            legend.push((format!("{label} {}", vramcap_common::grammar::size::human(*cap)), RED, true));
+            legend.push((format!("{label} {}", vramcap_common::grammar::size::human(*cap)), Swatch::Line(RED)));
         }
         let marks: Vec<(f64, f64)> = g
             .marks
@@ -253,10 +256,11 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &mut String) -> Result<(), Box<d
             .collect();
         if !marks.is_empty() {
             chart.draw_series(marks.into_iter().map(|p| Cross::new(p, 5, RED.stroke_width(2))))?;
-            legend.push(("denied".into(), RED, false));
+            legend.push(("denied".into(), Swatch::Cross(RED)));
         }
         if let Some(end) = stacked.last().map(|v| v[n - 1]) {
-            legend.push((format!("all: {} held at the end", vramcap_common::grammar::size::human(end)), BLACK, false));
+            // A total, not a thing drawn: no swatch.
+            legend.push((format!("all: {} held at the end", vramcap_common::grammar::size::human(end)), Swatch::None));
         }
         draw_legend(&legend_area, &legend)?;
     }
@@ -266,17 +270,45 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &mut String) -> Result<(), Box<d
 
 const LEGEND_WIDTH: u32 = 300;
 
-/// The legend, in its own column to the right of the chart: a swatch (a line for caps) and a label.
-fn draw_legend<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, items: &[(String, RGBColor, bool)]) -> Result<(), Box<dyn std::error::Error>>
+/// What a legend row shows beside its label: exactly what the chart draws for it.
+enum Swatch {
+    /// A process's stacked area: its fill and its border.
+    Area(RGBColor, RGBColor),
+    /// A cap: a solid line.
+    Line(RGBColor),
+    /// A group budget: a dashed line.
+    Dashed(RGBColor),
+    /// A denial: the chart's ×.
+    Cross(RGBColor),
+    /// A figure with nothing drawn for it.
+    None,
+}
+
+/// `c` at 45 % over white, opaque (what `c.mix(0.45)` looks like on the white background).
+fn lighter(c: RGBColor) -> RGBColor {
+    let f = |v: u8| (v as f64 * 0.45 + 255.0 * 0.55).round() as u8;
+    RGBColor(f(c.0), f(c.1), f(c.2))
+}
+
+/// The legend, in its own column to the right of the chart: a swatch and a label per row.
+fn draw_legend<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, items: &[(String, Swatch)]) -> Result<(), Box<dyn std::error::Error>>
 where
     DB::ErrorType: 'static,
 {
-    for (i, (label, color, line)) in items.iter().enumerate() {
+    for (i, (label, swatch)) in items.iter().enumerate() {
         let y = 50 + 22 * i as i32;
-        if *line {
-            area.draw(&PathElement::new(vec![(8, y), (24, y)], color.stroke_width(2)))?;
-        } else {
-            area.draw(&Rectangle::new([(8, y - 6), (24, y + 6)], color.mix(0.6).filled()))?;
+        match swatch {
+            Swatch::Area(fill, border) => {
+                area.draw(&Rectangle::new([(8, y - 6), (24, y + 6)], fill.filled()))?;
+                area.draw(&Rectangle::new([(8, y - 6), (24, y + 6)], border.stroke_width(1)))?;
+            }
+            Swatch::Line(c) => area.draw(&PathElement::new(vec![(8, y), (24, y)], c.stroke_width(2)))?,
+            Swatch::Dashed(c) => {
+                area.draw(&PathElement::new(vec![(8, y), (14, y)], c.stroke_width(2)))?;
+                area.draw(&PathElement::new(vec![(18, y), (24, y)], c.stroke_width(2)))?;
+            }
+            Swatch::Cross(c) => area.draw(&Cross::new((16, y), 5, c.stroke_width(2)))?,
+            Swatch::None => {}
         }
         area.draw(&Text::new(label.clone(), (32, y - 7), ("sans-serif", 13)))?;
     }

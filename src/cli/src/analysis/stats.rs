@@ -64,6 +64,9 @@ pub const LIFETIME_BOUNDS: [(u64, &str); 9] = [
     (100_000_000_000, "<100s"),
 ];
 pub const KEEP_INCIDENTS: usize = 10;
+/// Earlier allocations kept per address while their frees may still come: a crafted trace that
+/// allocates one address again and again without a free cannot grow the report past this.
+pub const SHADOWED_PER_ADDRESS: usize = 64;
 
 #[derive(Debug)]
 pub struct DevStats {
@@ -93,9 +96,10 @@ pub struct DevStats {
     pub would_deny: u64,
     pub first_would_deny: Option<WouldDeny>,
     pub live: PtrMap<Live>,
-    /// Allocations whose address was handed out again before their free appeared in the file:
-    /// the free may still come (written after the re-allocation, stamped before it).
-    pub shadowed: PtrMap<Live>,
+    /// Allocations whose address was handed out again before their free appeared in the file,
+    /// oldest first: the free may still come (written after the re-allocation, stamped before
+    /// it). At most [`SHADOWED_PER_ADDRESS`] per address.
+    pub shadowed: PtrMap<Vec<Live>>,
 }
 
 impl DevStats {
@@ -138,19 +142,18 @@ impl DevStats {
                 if let Some(old) = self.live.insert(e.ptr, Live { size: e.size, t_ns: e.t_ns, api: e.api }) {
                     // The address is in use again, so the old allocation was freed: its free
                     // was dropped, or comes later in the file (see `Op::Free`).
-                    self.shadowed.insert(e.ptr, old);
+                    self.shadow(e.ptr, old);
                 }
             }
             Op::Free => {
                 self.frees += 1;
                 self.driver_ns[1] += e.dur_ns;
                 self.used = next_used(self.used, e);
-                // A free stamped before the allocation now live at its address belongs to the
-                // earlier allocation there (frees are stamped before their driver call, so a
-                // free and the re-allocation of its address are in time order, not always in
-                // file order).
-                let earlier = self.live.get(&e.ptr).is_some_and(|l| l.t_ns > e.t_ns) && self.shadowed.contains_key(&e.ptr);
-                let found = if earlier { self.shadowed.remove(&e.ptr) } else { self.live.remove(&e.ptr) };
+                let found = if self.shadowed.is_empty() || !self.shadowed.contains_key(&e.ptr) {
+                    self.live.remove(&e.ptr)
+                } else {
+                    self.take_freed(e.ptr, e.t_ns)
+                };
                 match found {
                     Some(l) => {
                         let life = e.t_ns.saturating_sub(l.t_ns);
@@ -196,6 +199,45 @@ impl DevStats {
         if self.used > self.peak {
             self.peak = self.used;
             self.peak_t_ns = e.t_ns;
+        }
+    }
+
+    #[cold]
+    fn shadow(&mut self, ptr: u64, old: Live) {
+        let v = self.shadowed.entry(ptr).or_default();
+        if v.len() >= SHADOWED_PER_ADDRESS {
+            v.remove(0);
+        }
+        v.push(old);
+    }
+
+    /// The allocation that a free at `ptr` stamped `t` ends, when earlier allocations at that
+    /// address are still open: events are in causal order by `t_ns`, not by file order (`seq`).
+    /// A free is stamped before its driver call and an allocation after its own, so the
+    /// allocation a free ends is the latest one at that address stamped before the free (the
+    /// next one there could only be made after the free). A thread delayed between stamping and
+    /// writing puts its free after later allocations and frees of the same address in the file.
+    /// With no allocation stamped before the free (clocks that disagree), file order decides.
+    #[cold]
+    fn take_freed(&mut self, ptr: u64, t: u64) -> Option<Live> {
+        let live_t = self.live.get(&ptr).map(|l| l.t_ns).filter(|&lt| lt <= t);
+        let older = self.shadowed.get_mut(&ptr)?;
+        let best = older.iter().enumerate().filter(|(_, l)| l.t_ns <= t).max_by_key(|(_, l)| l.t_ns).map(|(i, l)| (i, l.t_ns));
+        let from_older = match (live_t, best) {
+            (Some(lt), Some((i, bt))) if bt > lt => Some(i),
+            (Some(_), _) => None,
+            (None, Some((i, _))) => Some(i),
+            (None, None) => None,
+        };
+        match from_older {
+            Some(i) => {
+                let l = older.remove(i);
+                if older.is_empty() {
+                    self.shadowed.remove(&ptr);
+                }
+                Some(l)
+            }
+            None => self.live.remove(&ptr),
         }
     }
 
@@ -335,5 +377,41 @@ mod tests {
             d.apply(&e);
         }
         assert_eq!((d.unmatched_frees, d.leaked_bytes()), (0, 200));
+    }
+
+    /// Thread 1 allocates X and frees it; thread 2 gets X next, allocates and frees it, all
+    /// written before thread 1's free (delayed between its stamp and its write): in time order
+    /// every free has its allocation. So for any number of reuses of the address before the
+    /// delayed free appears.
+    #[test]
+    fn a_free_written_after_later_reuses_of_its_address_matches_its_own_allocation() {
+        for reuses in [1u64, 2, 5, 70] {
+            let mut d = DevStats::new(0);
+            d.apply(&ev(10, Op::Alloc, 0x1000, 100));
+            for k in 0..reuses {
+                d.apply(&ev(30 + 20 * k, Op::Alloc, 0x1000, 200));
+                d.apply(&ev(40 + 20 * k, Op::Free, 0x1000, 200));
+            }
+            d.apply(&ev(20, Op::Free, 0x1000, 100));
+            assert_eq!((d.frees, d.unmatched_frees, d.live.len(), d.used), (reuses + 1, 0, 0, 0), "{reuses} reuse(s)");
+            // Its lifetime is its own (10 ns, bucket <1us), not one measured from a later allocation.
+            assert_eq!(d.life_hist[0], reuses + 1);
+        }
+        // Several delayed frees, written in reverse: each finds its own allocation.
+        let mut d = DevStats::new(0);
+        for e in [
+            ev(10, Op::Alloc, 0x1000, 1),
+            ev(30, Op::Alloc, 0x1000, 2),
+            ev(50, Op::Alloc, 0x1000, 3),
+            ev(60, Op::Free, 0x1000, 3),
+            ev(40, Op::Free, 0x1000, 2),
+            ev(20, Op::Free, 0x1000, 1),
+        ] {
+            d.apply(&e);
+        }
+        assert_eq!((d.unmatched_frees, d.live.len(), d.shadowed.len()), (0, 0, 0));
+        // Control: a free of an address never allocated in the trace is still unmatched.
+        d.apply(&ev(70, Op::Free, 0x2000, 1));
+        assert_eq!(d.unmatched_frees, 1);
     }
 }

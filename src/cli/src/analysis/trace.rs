@@ -5,8 +5,10 @@
 //! writes them by.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use vramcap_common::trace::event::{Line, parse_line};
 
 pub use vramcap_common::trace::Op;
@@ -42,11 +44,13 @@ pub struct TraceReader {
     pub path: PathBuf,
     pub header: Header,
     pub summary: Option<Summary>,
-    reader: BufReader<File>,
+    reader: BufReader<Box<dyn Read + Send>>,
     buf: Vec<u8>,
     line_no: u64,
-    /// Bytes consumed so far (for progress bars).
+    /// Bytes of the file consumed so far (for progress bars: compressed bytes of a gzipped trace).
     pub bytes_read: u64,
+    /// Set for a gzipped trace: the file's bytes the decoder has read (decoded lines are longer).
+    compressed_read: Option<Arc<AtomicU64>>,
     /// The whole file was read (a missing summary then means the process did not finish).
     pub at_end: bool,
 }
@@ -54,15 +58,34 @@ pub struct TraceReader {
 impl TraceReader {
     /// Opens a trace and reads its header (the first line that parses; earlier lines are skipped).
     pub fn open(path: &Path, names: &mut Names, skips: &mut Skips) -> Result<TraceReader, String> {
-        let file = File::open(path).map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
+        let mut file = File::open(path).map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
+        // A gzipped trace (`trace.jsonl.gz`, a rotated log) is read through a decoder: it is
+        // known by its magic bytes, not its name, so a renamed one is read too.
+        let mut magic = [0u8; 6];
+        let got = read_prefix(&mut file, &mut magic).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        let magic = &magic[..got];
+        let gz = magic.starts_with(&GZIP_MAGIC);
+        if let Some((what, tool)) = OTHER_COMPRESSION.iter().find(|(m, _, _)| magic.starts_with(m)).map(|(_, w, t)| (w, t)) {
+            return Err(format!("{}: compressed with {what}, which vramcap does not read; expected a JSON Lines trace or a gzipped one (decompress it first: {tool})", path.display()));
+        }
+        use std::io::Seek;
+        file.rewind().map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        let (inner, compressed_read): (Box<dyn Read + Send>, _) = if gz {
+            let n = Arc::new(AtomicU64::new(0));
+            let counted = Counted { inner: file, n: n.clone() };
+            (Box::new(flate2::read::MultiGzDecoder::new(BufReader::with_capacity(1 << 16, counted))), Some(n))
+        } else {
+            (Box::new(file), None)
+        };
         let mut r = TraceReader {
             path: path.to_path_buf(),
             header: Header::empty(),
             summary: None,
-            reader: BufReader::with_capacity(1 << 18, file),
+            reader: BufReader::with_capacity(1 << 18, inner),
             buf: Vec::with_capacity(512),
             line_no: 0,
             bytes_read: 0,
+            compressed_read,
             at_end: false,
         };
         // `next_line` skips corrupt lines: the first line it returns must be the header.
@@ -85,12 +108,15 @@ impl TraceReader {
     fn next_line(&mut self, names: &mut Names, skips: &mut Skips) -> Result<Option<Line>, String> {
         loop {
             self.buf.clear();
-            let n = self.reader.read_until(b'\n', &mut self.buf).map_err(|e| format!("{}: read error: {e}", self.path.display()))?;
+            let n = self.reader.read_until(b'\n', &mut self.buf).map_err(|e| self.read_error(e))?;
             if n == 0 {
                 self.at_end = true;
                 return Ok(None);
             }
-            self.bytes_read += n as u64;
+            self.bytes_read = match &self.compressed_read {
+                Some(c) => c.load(Ordering::Relaxed),
+                None => self.bytes_read + n as u64,
+            };
             self.line_no += 1;
             let line = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
             if line.iter().all(|c| c.is_ascii_whitespace()) {
@@ -105,6 +131,14 @@ impl TraceReader {
                     skips.add(&self.path, self.line_no, why);
                 }
             }
+        }
+    }
+
+    fn read_error(&self, e: std::io::Error) -> String {
+        if self.compressed_read.is_some() {
+            format!("{}: gzipped trace: cannot decompress: {e}", self.path.display())
+        } else {
+            format!("{}: read error: {e}", self.path.display())
         }
     }
 
@@ -124,6 +158,42 @@ impl TraceReader {
                 }
             }
         }
+    }
+}
+
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+/// Compressions a trace may arrive in that are named rather than read: (magic, name, how to undo it).
+const OTHER_COMPRESSION: [(&[u8], &str, &str); 3] = [
+    (&[0x28, 0xb5, 0x2f, 0xfd], "zstd", "zstd -d FILE"),
+    (&[0xfd, b'7', b'z', b'X', b'Z', 0], "xz", "xz -d FILE"),
+    (b"BZh", "bzip2", "bunzip2 FILE"),
+];
+
+/// Up to `buf.len()` bytes from the start (fewer only at the end of the file).
+fn read_prefix(f: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// A file that counts the bytes read from it (a gzipped trace's progress).
+struct Counted {
+    inner: File,
+    n: Arc<AtomicU64>,
+}
+
+impl Read for Counted {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.n.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
     }
 }
 

@@ -188,14 +188,14 @@ fn chown(p: &Path, uid: u32, gid: u32) -> Result<(), String> {
 
 fn remove(p: &Path) {
     match std::fs::remove_file(p) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => eprintln!("vramcap cdi-hook: cannot remove {}: {e}", p.display()),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => eprintln!("vramcap: cdi-hook: cannot remove {}: {e}", p.display()),
         _ => {}
     }
 }
 
 fn remove_dir(p: &Path) {
     match std::fs::remove_dir(p) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => eprintln!("vramcap cdi-hook: cannot remove {}: {e}", p.display()),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => eprintln!("vramcap: cdi-hook: cannot remove {}: {e}", p.display()),
         _ => {}
     }
 }

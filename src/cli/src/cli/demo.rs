@@ -35,7 +35,7 @@ pub(super) fn fake_driver_dir() -> Result<PathBuf, String> {
     let installed = dir.join("../share/vramcap/demo");
     let root = source_root(&dir);
     if let Some(root) = &root {
-        eprintln!("vramcap demo: building the fake driver and the demo job (make -C cuda-shim)");
+        eprintln!("vramcap: demo: building the fake driver and the demo job (make -C cuda-shim)");
         let st = Command::new("make").arg("-s").arg("-C").arg(root.join("cuda-shim")).status();
         match st {
             Ok(s) if s.success() => {}
@@ -134,6 +134,6 @@ pub fn main(a: DemoArgs) -> Result<(), String> {
     println!("                     the red cap line and the denial marked x; open it in a browser");
     println!("  trace.chrome.json  the same as a timeline for https://ui.perfetto.dev");
     println!("\nOn a real GPU: vramcap run --limit 20GiB --trace job-%p.jsonl --report -- python train.py");
-    eprintln!("vramcap demo: done in {:.1}s", t0.elapsed().as_secs_f64());
+    eprintln!("vramcap: demo: done in {:.1}s", t0.elapsed().as_secs_f64());
     Ok(())
 }

@@ -189,15 +189,7 @@ pub fn main(a: DoctorArgs) -> Result<(), String> {
     }
 
     // 6. How jobs get the preload here, and the sidecar.
-    let preload = std::env::var_os("LD_PRELOAD").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
-    let system = std::fs::read_to_string("/etc/ld.so.preload").unwrap_or_default();
-    if preload.contains(super::LIB_NAME) {
-        c.ok("preload", &format!("LD_PRELOAD={preload}"));
-    } else if system.contains(super::LIB_NAME) {
-        c.ok("preload", "every process: /etc/ld.so.preload names libvramcap.so");
-    } else {
-        c.info("preload", "this environment does not preload vramcap", Some("use `vramcap run [--limit SPEC] -- CMD`, or LD_PRELOAD=/path/to/libvramcap.so"));
-    }
+    check_preload(&mut c, lib.as_deref());
     check_sidecar(&mut c);
 
     if c.failed == 0 {
@@ -413,6 +405,64 @@ fn self_test(c: &mut Checks, lib: &Path) {
         );
     }
     c.ok(what, &format!("cuGetProcAddress_v2 gave vramcap's cuMemAlloc_v2; a {} test cap showed in cuMemGetInfo and refused an over-cap allocation", human(TEST_CAP)));
+}
+
+/// The entries of a preload list (LD_PRELOAD: spaces or colons; /etc/ld.so.preload: any white
+/// space) that name vramcap's library.
+fn vramcap_entries(list: &str) -> Vec<&str> {
+    list.split([' ', ':', '\t', '\n'])
+        .filter(|e| Path::new(e).file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libvramcap") && n.contains(".so")))
+        .collect()
+}
+
+/// Why the loader would not load `entry` (a bare name, a missing or unreadable path).
+fn why_not_loaded(entry: &str) -> String {
+    if !entry.contains('/') {
+        return format!(
+            "{entry:?} is a bare name, which the loader looks up only in LD_LIBRARY_PATH, the ldconfig cache \
+             (/etc/ld.so.cache) and /lib, /usr/lib (never the current directory), and it is not there"
+        );
+    }
+    let p = Path::new(entry);
+    if !p.exists() {
+        format!("{entry} does not exist")
+    } else if !super::reach::readable(p) {
+        format!("{entry} is not readable by uid {}", unsafe { libc::getuid() })
+    } else {
+        format!("{entry} did not load (the loader's message, on stderr above, says why)")
+    }
+}
+
+/// How jobs started from this environment get the preload: the environment's own LD_PRELOAD, or
+/// /etc/ld.so.preload for every process. Not trusted from the text: a child started with exactly
+/// this environment says whether the loader mapped the library.
+fn check_preload(c: &mut Checks, lib: Option<&Path>) {
+    let what = "preload";
+    let preload = std::env::var_os("LD_PRELOAD").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    let system = std::fs::read_to_string("/etc/ld.so.preload").unwrap_or_default();
+    let (env_entries, sys_entries) = (vramcap_entries(&preload), vramcap_entries(&system));
+    let fix = match lib {
+        Some(l) => format!("LD_PRELOAD={} (a path that resolves), or `vramcap run -- CMD`", l.display()),
+        None => "LD_PRELOAD=/absolute/path/to/libvramcap.so, or `vramcap run -- CMD`".to_string(),
+    };
+    if env_entries.is_empty() && sys_entries.is_empty() {
+        return c.info(what, "this environment does not preload vramcap", Some(&format!("use `vramcap run [--limit SPEC] -- CMD`, or {}", fix.split(" (").next().unwrap_or(&fix))));
+    }
+    let preload_os = std::env::var_os("LD_PRELOAD");
+    let probe = run_probe("preloaded", preload_os.as_deref().map(Path::new).filter(|_| !env_entries.is_empty()), &[]);
+    let mapped = match &probe {
+        Ok(p) => p.get("mapped").map(str::to_string),
+        Err(e) => return c.fail(what, &format!("cannot check that the loader loads it: {e}"), &fix),
+    };
+    match mapped {
+        Some(m) if !env_entries.is_empty() => c.ok(what, &format!("LD_PRELOAD={preload} loads {m}")),
+        Some(m) => c.ok(what, &format!("every process: /etc/ld.so.preload loads {m}")),
+        None => {
+            let (source, entries) = if env_entries.is_empty() { ("/etc/ld.so.preload", &sys_entries) } else { ("LD_PRELOAD", &env_entries) };
+            let why: Vec<String> = entries.iter().map(|e| why_not_loaded(e)).collect();
+            c.fail(what, &format!("{source} names vramcap but the loader does not load it: {}; jobs started here run uncapped", why.join("; ")), &fix);
+        }
+    }
 }
 
 fn check_sidecar(c: &mut Checks) {

@@ -20,7 +20,8 @@ pub struct LimitArgs {
     /// The group (its members' VRAMCAP_GROUP).
     #[arg(long)]
     pub group: String,
-    /// The members' VRAMCAP_GROUP_DIR (default: /dev/shm/vramcap-<your uid>).
+    /// The members' VRAMCAP_GROUP_DIR (default: $VRAMCAP_GROUP_DIR, else
+    /// /dev/shm/vramcap-<your uid>, as a member started from this environment would use).
     #[arg(long, value_name = "DIR")]
     pub group_dir: Option<String>,
     /// The new budget, in VRAMCAP_GROUP_LIMIT's grammar: one size for every device of the group
@@ -38,7 +39,8 @@ pub fn main(a: LimitArgs) -> Result<(), String> {
     if !group_name::valid(&a.group) {
         return Err(format!("invalid --group {:?}: expected {}", a.group, group_name::FORM));
     }
-    let dir = a.group_dir.clone().unwrap_or_else(default_dir);
+    let from_env = std::env::var("VRAMCAP_GROUP_DIR").ok().filter(|d| !d.trim().is_empty());
+    let dir = a.group_dir.clone().or(from_env).unwrap_or_else(default_dir);
     let path = file::path_for(&dir, &a.group);
     let (m, owner) = file::open_with_owner(&path)?.ok_or_else(|| {
         format!("no group \"{}\": {} does not exist (is a member running with VRAMCAP_GROUP_DIR={dir}?)", a.group, path.display())

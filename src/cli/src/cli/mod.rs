@@ -8,6 +8,7 @@ pub mod demo;
 pub mod doctor;
 pub mod limit;
 pub mod probe;
+pub mod reach;
 pub mod run;
 pub mod traces;
 

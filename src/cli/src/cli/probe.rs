@@ -7,6 +7,8 @@
 //!   the driver the way the CUDA runtime does (`dlopen`, `dlsym("cuGetProcAddress_v2")`, every
 //!   other function through it) and reports which library the `cuMemAlloc` it got lives in, the
 //!   total `cuMemGetInfo` shows, and what an allocation over and under the cap returned.
+//! - `preloaded`: started with the environment's own `LD_PRELOAD`: whether the loader mapped
+//!   vramcap's library (a bare name that does not resolve, a path that is not readable: not).
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
@@ -230,13 +232,27 @@ fn intercept() -> i32 {
     0
 }
 
+/// `preloaded`: started with the environment's `LD_PRELOAD` (and /etc/ld.so.preload): did the
+/// loader map vramcap's library into this process? Prints `mapped=PATH`, or nothing.
+fn preloaded() -> i32 {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let found = maps.lines().filter_map(|l| l.split_whitespace().nth(5)).find(|p| {
+        std::path::Path::new(p).file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libvramcap") && n.contains(".so"))
+    });
+    if let Some(p) = found {
+        println!("mapped={p}");
+    }
+    0
+}
+
 /// Runs one probe; the exit status for the child.
 pub fn run(kind: &str) -> i32 {
     match kind {
         "driver" => driver(),
         "intercept" => intercept(),
+        "preloaded" => preloaded(),
         other => {
-            eprintln!("vramcap doctor: unknown probe {other:?}; expected driver or intercept");
+            eprintln!("vramcap: doctor: unknown probe {other:?}; expected driver, intercept or preloaded");
             2
         }
     }

@@ -56,7 +56,7 @@ const USAGE: &str = "vramcap run [--limit SPEC] [--group NAME --group-limit SPEC
 
 /// Bad usage: exit 2 with the message. Never returns.
 fn usage_error(msg: String) -> ! {
-    eprintln!("vramcap run: {msg}");
+    eprintln!("vramcap: {msg}");
     std::process::exit(2);
 }
 
@@ -244,6 +244,21 @@ pub fn main(a: RunArgs) -> Result<(), String> {
         usage_error(format!("no command given; expected {USAGE}"));
     };
     let lib = preload_library().unwrap_or_else(|e| usage_error(e));
+    // The loader needs to read the library: without that every process would run uncapped.
+    if !super::reach::readable(&lib) {
+        usage_error(format!(
+            "{} is not readable by uid {}: the loader could not preload it and the job would run uncapped; \
+             expected a library this user can read (its directories searchable too)",
+            lib.display(),
+            unsafe { libc::getuid() }
+        ));
+    }
+    // Where the job itself would not get it (it may still start processes that do): say so.
+    if let Some(p) = super::reach::resolve(prog) {
+        for w in super::reach::program_warnings(&p) {
+            eprintln!("vramcap: warning: {w}");
+        }
+    }
     if let Some(t) = &a.trace {
         let dir = Path::new(t).parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         if !dir.to_string_lossy().contains('%') && !dir.is_dir() {
@@ -290,7 +305,7 @@ pub fn main(a: RunArgs) -> Result<(), String> {
                 std::io::ErrorKind::PermissionDenied => (126, "permission denied (not executable?)".to_string()),
                 _ => (126, e.to_string()),
             };
-            eprintln!("vramcap run: cannot run {:?}: {why}", prog);
+            eprintln!("vramcap: cannot run {:?}: {why}", prog);
             std::process::exit(code);
         }
     };
@@ -320,11 +335,11 @@ fn print_report(template: &str, list: Option<&Path>, since: std::time::SystemTim
     let files = match found.map(|f| traces::union(listed, f)) {
         Ok(f) if !f.is_empty() => f,
         Ok(_) => {
-            eprintln!("vramcap run: --report: no trace matching {template} was written (did the command use CUDA?)");
+            eprintln!("vramcap: --report: no trace matching {template} was written (did the command use CUDA?)");
             return;
         }
         Err(e) => {
-            eprintln!("vramcap run: --report: {e}");
+            eprintln!("vramcap: --report: {e}");
             return;
         }
     };
@@ -336,6 +351,6 @@ fn print_report(template: &str, list: Option<&Path>, since: std::time::SystemTim
             eprint!("{}", analysis::report::to_text(&r));
             eprintln!();
         }
-        Err(e) => eprintln!("vramcap run: --report: {e}"),
+        Err(e) => eprintln!("vramcap: --report: {e}"),
     }
 }

@@ -30,7 +30,7 @@ pub fn log(kind: &'static str, line: &str) {
     }
     if w.printed < BURST {
         w.printed += 1;
-        eprintln!("vramcap sidecar: {line}");
+        eprintln!("vramcap: sidecar: {line}");
     } else {
         w.suppressed += 1;
     }
@@ -39,7 +39,7 @@ pub fn log(kind: &'static str, line: &str) {
 fn report(kind: &str, w: &Window) {
     if w.suppressed > 0 {
         let secs = WINDOW.as_secs();
-        eprintln!("vramcap sidecar: {} similar lines ({kind}) suppressed in {secs} s", w.suppressed);
+        eprintln!("vramcap: sidecar: {} similar lines ({kind}) suppressed in {secs} s", w.suppressed);
     }
 }
 

@@ -55,11 +55,11 @@ pub fn run(opts: Options) -> Result<(), String> {
     };
     raise_fd_limit();
     let listener = listen(&opts.socket)?;
-    eprintln!("vramcap sidecar: listening on {}", opts.socket.display());
+    eprintln!("vramcap: sidecar: listening on {}", opts.socket.display());
     let registry = Arc::new(Mutex::new(state::Registry::default()));
     if let Some(l) = metrics {
         let addr = l.local_addr().map_err(|e| e.to_string())?;
-        eprintln!("vramcap sidecar: metrics on http://{addr}/metrics");
+        eprintln!("vramcap: sidecar: metrics on http://{addr}/metrics");
         let r = registry.clone();
         std::thread::Builder::new().name("metrics".into()).spawn(move || metrics::serve(l, r)).map_err(|e| e.to_string())?;
     }
@@ -103,7 +103,7 @@ fn listen(path: &Path) -> Result<UnixListener, String> {
             Ok(_) => return Err(format!("another sidecar is already listening on {shown}")),
             Err(_) => {
                 std::fs::remove_file(path).map_err(|e| format!("cannot remove the stale socket {shown}: {e}"))?;
-                eprintln!("vramcap sidecar: took over the stale socket {shown}");
+                eprintln!("vramcap: sidecar: took over the stale socket {shown}");
             }
         },
         Err(_) => {}

@@ -135,7 +135,7 @@ fn sweep(dir: &Path, uid: u32, group: &str) -> (usize, u64, usize) {
     m.unmap();
     if n > 0 {
         RECLAIMED_BYTES.fetch_add(bytes, Ordering::Relaxed);
-        eprintln!("vramcap sidecar: group {group:?}: reclaimed {bytes} bytes from {n} dead member(s)");
+        eprintln!("vramcap: sidecar: group {group:?}: reclaimed {bytes} bytes from {n} dead member(s)");
     }
     (n, bytes, left)
 }

@@ -217,6 +217,18 @@ pub fn merge(file: Option<(&str, &str)>, env: &[(String, String)], secure: bool)
         }
         c.group = Some(g);
     }
+    // HAMi's variable counts only where no vramcap limit is set (grammar::group); the file's
+    // limits are vramcap's, so the environment's CUDA_DEVICE_MEMORY_LIMIT is not used: said once
+    // per variable instead of nothing at all.
+    if c.error.is_none() {
+        let used = |k: &str| c.group.as_ref().is_some_and(|g| g.limits.entries.iter().any(|e| e.var == k));
+        for (k, v) in &env {
+            let hami = k == "CUDA_DEVICE_MEMORY_LIMIT" || k.starts_with("CUDA_DEVICE_MEMORY_LIMIT_");
+            if hami && !v.trim().is_empty() && !used(k) && !warnings.iter().any(|w| w.starts_with(&format!("ignoring {k}="))) {
+                warnings.push(refuse(k, v, "and HAMi's variable applies only where no vramcap limit is set (the environment may lower the ceiling with VRAMCAP_LIMIT)"));
+            }
+        }
+    }
     c.disabled = fc.disabled;
     // The environment may only make the mode stricter (enforce over the file's observe).
     c.mode_origin = match (c.mode, fc.mode) {
@@ -232,6 +244,28 @@ pub fn merge(file: Option<(&str, &str)>, env: &[(String, String)], secure: bool)
     });
     c.warnings.splice(0..0, warnings);
     c
+}
+
+/// `devices` (in order) with their ceilings, runs of one value together: `512.0 MiB on devices
+/// 0-7`, `1.0 GiB on device 0, 2.0 GiB on devices 1-3`.
+pub fn describe_devices(devices: &[usize], ceiling: &[u64]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < devices.len() {
+        let v = ceiling.get(devices[i]).copied().unwrap_or(0);
+        let mut j = i;
+        while j + 1 < devices.len() && devices[j + 1] == devices[j] + 1 && ceiling.get(devices[j + 1]).copied() == Some(v) {
+            j += 1;
+        }
+        let which = if i == j { format!("device {}", devices[i]) } else { format!("devices {}-{}", devices[i], devices[j]) };
+        match parts.last_mut() {
+            // The same ceiling after a gap: one value, its device lists joined.
+            Some(last) if last.starts_with(&format!("{} on ", crate::grammar::size::human(v))) => last.push_str(&format!(", {}", which.trim_start_matches("devices ").trim_start_matches("device "))),
+            _ => parts.push(format!("{} on {which}", crate::grammar::size::human(v))),
+        }
+        i = j + 1;
+    }
+    parts.join("; ")
 }
 
 /// Lowers each device's limit to the ceiling's (0 = no limit on either side); returns the
@@ -318,6 +352,33 @@ mod tests {
         assert_eq!(l, vec![20 << 30, 20 << 30, 1 << 20]);
         let mut l = vec![5];
         assert_eq!(cap(&mut l, &[0]), Vec::<usize>::new());
+    }
+
+    /// Issue 28 item 11: HAMi's variable in the environment, unused because the file sets
+    /// vramcap's limits, is said once (it was silently dropped); used, nothing is said.
+    #[test]
+    fn an_unused_hami_limit_under_a_ceiling_is_said_once() {
+        for file in ["VRAMCAP_LIMIT=512m\n", "VRAMCAP_GROUP=plat\nVRAMCAP_GROUP_LIMIT=512m\n"] {
+            for k in ["CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT_0"] {
+                let c = merge(Some((PATH, file)), &env(&[(k, "1g")]), false);
+                let said: Vec<&String> = c.warnings.iter().filter(|w| w.contains(k)).collect();
+                assert_eq!(said.len(), 1, "{file:?} {k}: {:?}", c.warnings);
+                assert!(said[0].starts_with(&format!("ignoring {k}=\"1g\": {PATH}")) && said[0].contains("VRAMCAP_LIMIT"), "{}", said[0]);
+            }
+        }
+        // Controls: the file's own HAMi budget lowered by the environment's is used (capped at
+        // resolve time), and without a file nothing is said.
+        let c = merge(Some((PATH, "CUDA_DEVICE_MEMORY_LIMIT=2g\n")), &env(&[("CUDA_DEVICE_MEMORY_LIMIT", "1g")]), false);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert!(merge(None, &env(&[("CUDA_DEVICE_MEMORY_LIMIT", "1g")]), false).warnings.is_empty());
+    }
+
+    #[test]
+    fn devices_are_described_in_runs() {
+        let g = 1u64 << 30;
+        assert_eq!(describe_devices(&[0, 1, 2, 3, 4, 5, 6, 7], &[g / 2; 8]), "512.0 MiB on devices 0-7");
+        assert_eq!(describe_devices(&[3], &[g; 8]), "1.0 GiB on device 3");
+        assert_eq!(describe_devices(&[0, 1, 2, 5], &[g, 2 * g, 2 * g, g, g, 2 * g]), "1.0 GiB on device 0; 2.0 GiB on devices 1-2, 5");
     }
 
     #[test]

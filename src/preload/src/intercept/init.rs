@@ -95,7 +95,7 @@ fn apply(cfg: &config::Config, devices: &[DeviceInfo]) -> Result<(), String> {
     let mut limits = cfg.limits.resolve(devices).map_err(|e| e.to_string())?;
     if let Some(c) = &cfg.ceiling {
         let ceiling = c.limits.resolve(devices).map_err(|e| e.to_string())?;
-        say_capped("VRAMCAP_LIMIT", &c.path, config::ceiling::cap(&mut limits, &ceiling), &ceiling);
+        say_capped(&cfg.limits, &c.path, config::ceiling::cap(&mut limits, &ceiling), &ceiling);
         crate::observe::set_from_ceiling(&limits, &ceiling);
     }
     for (d, &l) in limits.iter().enumerate() {
@@ -112,7 +112,7 @@ fn apply(cfg: &config::Config, devices: &[DeviceInfo]) -> Result<(), String> {
         {
             let ceiling = c.group_limits.resolve(devices).map_err(|e| e.to_string())?;
             if let Some(gl) = glimits.as_mut() {
-                say_capped("VRAMCAP_GROUP_LIMIT", &c.path, config::ceiling::cap(gl, &ceiling), &ceiling);
+                say_capped(&g.limits, &c.path, config::ceiling::cap(gl, &ceiling), &ceiling);
             }
             gceiling = Some(ceiling);
         }
@@ -125,14 +125,24 @@ fn apply(cfg: &config::Config, devices: &[DeviceInfo]) -> Result<(), String> {
     Ok(())
 }
 
-/// One line for the devices where the environment asked above the platform's ceiling.
-fn say_capped(var: &str, path: &str, devices: Vec<usize>, ceiling: &[u64]) {
-    for d in devices {
-        crate::log::write_line(&format!(
-            "vramcap: {var} above the ceiling {} for device {d} in {path}: using the ceiling (the environment can only lower it)",
-            human(ceiling[d])
-        ));
+/// One line for the setting (the variables the user set, as named) that asked above the
+/// platform's ceiling, however many devices it was above on: not one per device (eight lines on
+/// an eight-GPU node said one thing).
+fn say_capped(spec: &config::limits::LimitSpec, path: &str, devices: Vec<usize>, ceiling: &[u64]) {
+    if devices.is_empty() {
+        return;
     }
+    let mut vars: Vec<&str> = Vec::new();
+    for e in &spec.entries {
+        if !vars.contains(&e.var.as_str()) {
+            vars.push(&e.var);
+        }
+    }
+    crate::log::write_line(&format!(
+        "vramcap: {} above the ceiling in {path} ({}): using the ceiling (the environment can only lower it)",
+        vars.join(", "),
+        config::ceiling::describe_devices(&devices, ceiling)
+    ));
 }
 
 fn query_devices() -> Option<Vec<DeviceInfo>> {
