@@ -230,3 +230,67 @@ fn budgets_moving_under_sixty_four_racing_threads_are_never_passed() {
     assert!(checked >= 6, "only {checked} phases were checked");
     assert!(contended >= checked / 2, "the budgets must have been contended: {contended} of {checked} phases");
 }
+
+/// A burst racing shrinks (the post-CAS re-read of the limit, issue 26). 3 processes × 16 threads
+/// allocate and free 64 KiB blocks; the budget is 1 GiB (never in the way) and, again and again,
+/// one member is stopped (SIGSTOP: its threads freeze wherever they are, some between reading the
+/// limit and their compare-and-swap), the budget is cut to what the group holds, and the member
+/// is continued. Its threads must be held to the new budget, so from the cut on the driver's own
+/// counter never passes it. Without the re-read they pass on the old limit read before the stop.
+#[test]
+fn a_burst_racing_shrinks_never_passes_the_new_budget_on_the_device() {
+    let dir = private_group_dir();
+    let devfile = dir.join("device");
+    let dev = Device::open(&devfile);
+    let big = GIB;
+    let members: Vec<Running> = (0..3)
+        .map(|i| {
+            member(&dir, "burst", Some("1g"))
+                .env("FAKECUDA_SHARED_DEVICE", &devfile)
+                .args([format!("init ctx 0 threads 16 1000000000 64k {}", i + 1)])
+                .spawn()
+        })
+        .collect();
+    let path = file::path_for(dir.to_str().unwrap(), "burst");
+    let m = loop {
+        if let Some(m) = file::open_existing(&path).ok().flatten() {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let d = &m.shm.devices[0];
+    let uid = unsafe { libc::geteuid() };
+    let signal = |r: &Running, sig| assert_eq!(unsafe { libc::kill(r.pid() as i32, sig) }, 0);
+    let (mut checked, mut contended) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(6);
+    for n in 0.. {
+        if Instant::now() > deadline {
+            break;
+        }
+        let stopped = &members[n % members.len()];
+        m.shm.operator_set_limit(0, big, uid);
+        std::thread::sleep(Duration::from_millis(3));
+        signal(stopped, libc::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(1));
+        // Cut to what the group holds (reservations included: they come before the driver's
+        // call): any grant on the old budget passes the new one.
+        let small = d.held.load(SeqCst).next_multiple_of(64 << 10);
+        m.shm.operator_set_limit(0, small, uid);
+        let within = small >= 4 * MIB && d.held.load(SeqCst) <= small;
+        dev.peak().store(dev.held(), SeqCst);
+        signal(stopped, libc::SIGCONT);
+        if !within {
+            continue;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        let peak = dev.peak().load(SeqCst);
+        assert!(peak <= small, "cut {n}: the driver held {peak} bytes under a budget of {small}");
+        checked += 1;
+        contended += (peak > small * 3 / 4) as usize;
+    }
+    for r in members {
+        r.sigkill();
+    }
+    assert!(checked >= 20, "only {checked} cuts were checked");
+    assert!(contended >= checked / 2, "the budget must have been contended: {contended} of {checked} cuts");
+}
