@@ -294,3 +294,31 @@ fn a_burst_racing_shrinks_never_passes_the_new_budget_on_the_device() {
     assert!(checked >= 20, "only {checked} cuts were checked");
     assert!(contended >= checked / 2, "the budget must have been contended: {contended} of {checked} cuts");
 }
+
+/// Shrinking below what is held asks members with idle pool memory to give it back (the group's
+/// pressure count, answered at each member's next driver call: here A's polling), before anyone
+/// is even refused; and growing lets a refused job through at its very next request.
+#[test]
+fn a_shrink_makes_idle_pools_give_back_and_a_grow_lets_a_refused_job_through() {
+    let dir = private_group_dir();
+    // A's pool keeps the 200 MiB it freed (release threshold at max) and A keeps calling the driver.
+    let mut a = member(&dir, "trim", Some("1g")).args(["init ctx 0 defpool 0 keep 0 async 200m freeasync 0 sync poll 6000 5"]).spawn();
+    assert_eq!(a.wait_for("sync").rc(), 0);
+    let m = file::open_existing(&file::path_for(dir.to_str().unwrap(), "trim")).unwrap().unwrap();
+    assert_eq!(m.shm.used(0), 200 * MIB, "the pool keeps what was freed");
+    let (ok, out) = limit(&dir, "trim", Some("150m"));
+    assert!(ok && out.contains("members give back idle pool and graph memory"), "{out}");
+    let t = Instant::now();
+    while m.shm.used(0) > 0 && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(m.shm.used(0), 0, "A trimmed its idle pool after the shrink, with no request refused");
+    // B is refused under 150 MiB, then, with no restart, granted right after a grow.
+    let mut b = member(&dir, "trim", None).args(["init ctx 0 alloc 200m sleep 3000 alloc 200m"]).spawn();
+    assert_eq!(b.wait_for("alloc").rc(), 2, "refused under the 150 MiB budget");
+    let (ok, out) = limit(&dir, "trim", Some("1g"));
+    assert!(ok, "{out}");
+    assert_eq!(b.wait_for("alloc").rc(), 0, "the grow lets the refused job through at its next request");
+    assert!(b.finish().success());
+    a.sigkill();
+}
