@@ -60,8 +60,19 @@ void fc_shared_device_account(int devno, long long delta)
     if (!g_shared)
         return;
     s = &g_shared[devno];
-    now = atomic_fetch_add(&s->held, (unsigned long long)delta) + (unsigned long long)delta;
+    /*
+     * The peak is read before the count moves: a test may reset the peak (store the current
+     * count) to watch from that moment on, and a thread descheduled between its add and its peak
+     * update must not then publish a count from before the reset. The peak only ever goes down
+     * by such a reset, so a peak found lower than the one read first means one happened: the
+     * update is dropped (at worst an add right at a reset goes unrecorded; never one before it).
+     */
     peak = atomic_load(&s->peak);
-    while (delta > 0 && now > peak && !atomic_compare_exchange_weak(&s->peak, &peak, now))
-        ;
+    now = atomic_fetch_add(&s->held, (unsigned long long)delta) + (unsigned long long)delta;
+    while (delta > 0 && now > peak) {
+        unsigned long long seen = peak;
+
+        if (atomic_compare_exchange_weak(&s->peak, &peak, now) || peak < seen)
+            break;
+    }
 }

@@ -168,3 +168,58 @@ fn memory_viz_with_implausible_device_numbers_finishes_and_loads() {
     // Devices 0 and 1879048192 get a list each (device -1 events have none), not one per ordinal.
     assert_eq!(n.trim(), "2");
 }
+
+/// A cap that changed while the job ran (issue 26: `limit` events) is drawn as the step function
+/// it was: level at 1 GiB, down to 256 MiB at t = 2 s, level again; the group's dashed budget
+/// steps from 2 GiB to 4 GiB at t = 3 s. The legend names both ends.
+#[test]
+fn plot_draws_a_cap_that_changed_as_steps() {
+    let dir = scratch("plot-steps");
+    let trace = dir.join("t.jsonl");
+    let h = r#"{"type":"header","version":1,"pid":7,"ppid":1,"exe":"x","cmdline":["x"],"host":"h","start_unix_ns":1764441600000000000,"devices":[{"index":0,"total":17179869184,"limit":1073741824,"group_limit":2147483648}],"group":"g"}"#;
+    let ev = |seq: u64, t_s: u64, rest: &str| format!(r#"{{"type":"event","seq":{seq},"t_ns":{},"tid":1,"dev":0,"result":0,"dur_ns":1,{rest}}}"#, t_s * 1_000_000_000);
+    let lines = [
+        h.to_string(),
+        ev(0, 1, r#""op":"alloc","api":"cuMemAlloc_v2","ptr":"0x100","size":134217728,"used":134217728"#),
+        ev(1, 2, r#""op":"limit","api":"ceiling","ptr":"0x40000000","size":268435456,"used":134217728,"old":1073741824,"new":268435456,"uid":0,"source":"ceiling""#),
+        ev(2, 3, r#""op":"limit","api":"group","ptr":"0x80000000","size":4294967296,"used":134217728,"old":2147483648,"new":4294967296,"uid":0,"source":"group""#),
+        ev(3, 5, r#""op":"free","api":"cuMemFree_v2","ptr":"0x100","size":134217728,"used":0"#),
+    ];
+    std::fs::write(&trace, lines.join("\n") + "\n").unwrap();
+    let out = dir.join("usage.svg");
+    ok(&["plot", trace.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    // The red solid line (the cap) and the legend's texts; the dashed budget's pieces' heights.
+    let script = r#"
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+solid, dashed = [], set()
+for el in root.iter():
+    if el.tag.endswith('polyline') and el.get('stroke', '').upper() == '#FF0000':
+        pts = [tuple(float(v) for v in p.split(',')) for p in el.get('points', '').split()]
+        if len(pts) > 2:
+            solid.append(pts)
+        else:
+            dashed.update(round(p[1]) for p in pts)
+for pts in solid:
+    print('SOLID', ' '.join(f'{x:.0f},{y:.0f}' for x, y in pts))
+print('DASHED', len(dashed))
+print('\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('text')))
+"#;
+    let got = python(script, &[out.to_str().unwrap()]);
+    let solid: Vec<Vec<(f64, f64)>> = got
+        .lines()
+        .filter_map(|l| l.strip_prefix("SOLID "))
+        .map(|l| l.split(' ').map(|p| p.split_once(',').map(|(x, y)| (x.parse().unwrap(), y.parse().unwrap())).unwrap()).collect())
+        .collect();
+    // One cap line, four points: level, a vertical step at one x, level again, lower down (SVG y
+    // grows downwards).
+    let cap: Vec<_> = solid.iter().filter(|p| p.len() == 4).collect();
+    assert_eq!(cap.len(), 1, "{got}");
+    let p = cap[0];
+    assert!(p[0].1 == p[1].1 && p[1].0 == p[2].0 && p[2].1 == p[3].1 && p[2].1 > p[1].1, "not a step down: {p:?}\n{got}");
+    let dashed: usize = got.lines().find_map(|l| l.strip_prefix("DASHED ")).unwrap().parse().unwrap();
+    assert!(dashed >= 2, "the budget's dashes at two heights: {got}");
+    for want in ["cap 1.0 GiB -> 256.0 MiB (1 change)", "group \"g\" budget 2.0 GiB -> 4.0 GiB (1 change)"] {
+        assert!(got.contains(want), "no {want:?}:\n{got}");
+    }
+}

@@ -151,3 +151,42 @@ fn events_without_a_device_do_not_need_a_device_total() {
     assert_eq!(r["peak"]["0"].as_u64(), Some(3 * GIB));
     assert!(r["peak"].get("-1").is_none());
 }
+
+/// A trace whose cap changed while it ran (issue 26): 1 GiB at start, 512 MiB held, cut to
+/// 256 MiB at t = 2 s (a `limit` event, here the ceiling file's), 128 MiB more at t = 3 s; then
+/// grown to 1 GiB at t = 4 s and 128 MiB more at t = 5 s.
+fn moving_cap(dir: &std::path::Path) -> String {
+    let h = r#"{"type":"header","version":1,"pid":9,"ppid":1,"exe":"job","cmdline":["job"],"host":"h","start_unix_ns":1764441600000000000,"devices":[{"index":0,"total":17179869184,"limit":1073741824}],"group":null}"#;
+    let ev = |seq: u64, t_s: u64, rest: &str| format!(r#"{{"type":"event","seq":{seq},"t_ns":{},"tid":1,"dev":0,"result":0,"dur_ns":1,{rest}}}"#, t_s * 1_000_000_000);
+    let limit = |old: u64, new: u64| format!(r#""op":"limit","api":"ceiling","ptr":"{old:#x}","size":{new},"old":{old},"new":{new},"uid":0,"source":"ceiling","used":536870912"#);
+    let lines = [
+        h.to_string(),
+        ev(0, 1, r#""op":"alloc","api":"cuMemAlloc_v2","ptr":"0x100","size":536870912,"used":536870912"#),
+        ev(1, 2, &limit(1 << 30, 256 << 20)),
+        ev(2, 3, r#""op":"alloc","api":"cuMemAlloc_v2","ptr":"0x200","size":134217728,"used":671088640"#),
+        ev(3, 4, &limit(256 << 20, 1 << 30)),
+        ev(4, 5, r#""op":"alloc","api":"cuMemAlloc_v2","ptr":"0x300","size":134217728,"used":805306368"#),
+    ];
+    let p = dir.join("moving.jsonl");
+    std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn replay_follows_the_recorded_limit_changes_and_limit_ignores_them() {
+    let dir = scratch("replay-moving");
+    let t = moving_cap(&dir);
+    // The recorded limits: the allocation after the cut is refused, the one after the grow is not.
+    let v = replay_json(&["replay", "--json", &t]);
+    assert_eq!(v["fits"], false, "{v}");
+    assert_eq!(v["denials"], 1, "only the allocation under the cut: {v}");
+    assert_eq!(v["first_denial"]["t_ns"], 3_000_000_000u64, "{v}");
+    assert_eq!((v["limit_changes"]["0"].as_u64(), v["limit"]["0"].as_u64()), (Some(2), Some(1 << 30)), "{v}");
+    let text = String::from_utf8_lossy(&vramcap(&["replay", &t]).stdout).to_string();
+    assert!(text.contains("against the limits the traces recorded") && text.contains("the recorded limits (2 change(s), last 1.0 GiB): does NOT fit"), "{text}");
+    // `--limit` is the device to test: the trace's own changes are ignored.
+    let v = replay_json(&["replay", "--json", "--limit", "1g", &t]);
+    assert_eq!((v["fits"].as_bool(), v["denials"].as_u64(), v["limit_changes"]["0"].as_u64()), (Some(true), Some(0), Some(0)), "{v}");
+    let v = replay_json(&["replay", "--json", "--limit", "700m", &t]);
+    assert_eq!((v["fits"].as_bool(), v["first_denial"]["t_ns"].as_u64()), (Some(false), Some(5_000_000_000)), "{v}");
+}

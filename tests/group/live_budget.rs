@@ -211,3 +211,95 @@ fn budgets_moving_under_sixty_four_racing_threads_are_never_passed() {
     assert!(checked >= 6, "only {checked} phases were checked");
     assert!(contended >= checked / 2, "the budgets must have been contended: {contended} of {checked} phases");
 }
+
+/// A burst racing shrinks (the post-CAS re-read of the limit, issue 26). 3 processes × 16 threads
+/// allocate and free 64 KiB blocks; the budget is 1 GiB (never in the way) and, again and again,
+/// one member is stopped (SIGSTOP: its threads freeze wherever they are, some between reading the
+/// limit and their compare-and-swap), the budget is cut to what the group holds, and the member
+/// is continued. Its threads must be held to the new budget, so from the cut on the driver's own
+/// counter never passes it. Without the re-read they pass on the old limit read before the stop.
+#[test]
+fn a_burst_racing_shrinks_never_passes_the_new_budget_on_the_device() {
+    let dir = private_group_dir();
+    let devfile = dir.join("device");
+    let dev = Device::open(&devfile);
+    let big = GIB;
+    let members: Vec<Running> = (0..3)
+        .map(|i| {
+            member(&dir, "burst", Some("1g"))
+                .env("FAKECUDA_SHARED_DEVICE", &devfile)
+                .args([format!("init ctx 0 threads 16 1000000000 64k {}", i + 1)])
+                .spawn()
+        })
+        .collect();
+    let path = file::path_for(dir.to_str().unwrap(), "burst");
+    let m = loop {
+        if let Some(m) = file::open_existing(&path).ok().flatten() {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let d = &m.shm.devices[0];
+    let uid = unsafe { libc::geteuid() };
+    let signal = |r: &Running, sig| assert_eq!(unsafe { libc::kill(r.pid() as i32, sig) }, 0);
+    let (mut checked, mut contended) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(6);
+    for n in 0.. {
+        if Instant::now() > deadline {
+            break;
+        }
+        let stopped = &members[n % members.len()];
+        m.shm.operator_set_limit(0, big, uid);
+        std::thread::sleep(Duration::from_millis(3));
+        signal(stopped, libc::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(1));
+        // Cut to what the group holds (reservations included: they come before the driver's
+        // call): any grant on the old budget passes the new one.
+        let small = d.held.load(SeqCst).next_multiple_of(64 << 10);
+        m.shm.operator_set_limit(0, small, uid);
+        let within = small >= 4 * MIB && d.held.load(SeqCst) <= small;
+        dev.peak().store(dev.held(), SeqCst);
+        signal(stopped, libc::SIGCONT);
+        if !within {
+            continue;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        let peak = dev.peak().load(SeqCst);
+        assert!(peak <= small, "cut {n}: the driver held {peak} bytes under a budget of {small}");
+        checked += 1;
+        contended += (peak > small * 3 / 4) as usize;
+    }
+    for r in members {
+        r.sigkill();
+    }
+    assert!(checked >= 20, "only {checked} cuts were checked");
+    assert!(contended >= checked / 2, "the budget must have been contended: {contended} of {checked} cuts");
+}
+
+/// Shrinking below what is held asks members with idle pool memory to give it back (the group's
+/// pressure count, answered at each member's next driver call: here A's polling), before anyone
+/// is even refused; and growing lets a refused job through at its very next request.
+#[test]
+fn a_shrink_makes_idle_pools_give_back_and_a_grow_lets_a_refused_job_through() {
+    let dir = private_group_dir();
+    // A's pool keeps the 200 MiB it freed (release threshold at max) and A keeps calling the driver.
+    let mut a = member(&dir, "trim", Some("1g")).args(["init ctx 0 defpool 0 keep 0 async 200m freeasync 0 sync poll 6000 5"]).spawn();
+    assert_eq!(a.wait_for("sync").rc(), 0);
+    let m = file::open_existing(&file::path_for(dir.to_str().unwrap(), "trim")).unwrap().unwrap();
+    assert_eq!(m.shm.used(0), 200 * MIB, "the pool keeps what was freed");
+    let (ok, out) = limit(&dir, "trim", Some("150m"));
+    assert!(ok && out.contains("members give back idle pool and graph memory"), "{out}");
+    let t = Instant::now();
+    while m.shm.used(0) > 0 && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(m.shm.used(0), 0, "A trimmed its idle pool after the shrink, with no request refused");
+    // B is refused under 150 MiB, then, with no restart, granted right after a grow.
+    let mut b = member(&dir, "trim", None).args(["init ctx 0 alloc 200m sleep 3000 alloc 200m"]).spawn();
+    assert_eq!(b.wait_for("alloc").rc(), 2, "refused under the 150 MiB budget");
+    let (ok, out) = limit(&dir, "trim", Some("1g"));
+    assert!(ok, "{out}");
+    assert_eq!(b.wait_for("alloc").rc(), 0, "the grow lets the refused job through at its next request");
+    assert!(b.finish().success());
+    a.sigkill();
+}

@@ -546,3 +546,25 @@ fn metrics_and_top_show_each_members_sharing_settings() {
     wait_until("A's share to grow back", Duration::from_secs(20), || get(&sc.samples(), "vramcap_group_share_bytes", &pa, true) == Some(300 * MIB));
     assert_eq!(get(&sc.samples(), "vramcap_group_share_bytes", &pb, true), None, "B's series left with it");
 }
+
+/// Issue 26: `vramcap limit` on a running group shows on `/metrics` (the member's group budget)
+/// and in `top` within about a second of the change; polled with a generous deadline, not timed.
+#[test]
+fn a_changed_group_budget_shows_on_metrics_and_in_top() {
+    let dir = tmpdir("livelimit");
+    let groups = private_group_dir();
+    let sc = Sidecar::start(&dir.join("s.sock"), &[]);
+    let env = [("VRAMCAP_GROUP", "live"), ("VRAMCAP_GROUP_DIR", groups.to_str().unwrap()), ("VRAMCAP_GROUP_LIMIT", "1g")];
+    let a = Client::spawn("client_linked", &sc.socket, &env, "init ctx 0 alloc 10m sleep 60000");
+    let pa = a.pid();
+    let budget = || value(&sc.samples(), "vramcap_group_memory_limit_bytes", &[("pid", &pa), ("device", "0")]);
+    wait_until("the member's group budget", Duration::from_secs(20), || budget() == Some(GIB));
+    let o = Command::new(vramcap_bin()).args(["limit", "--group", "live", "--group-dir", groups.to_str().unwrap(), "300m"]).output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    wait_until("the new budget on /metrics", Duration::from_secs(20), || budget() == Some(300 * MIB));
+    let top = || {
+        let out = Command::new(vramcap_bin()).args(["top", "--once", "--socket"]).arg(&sc.socket).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().find(|l| l.trim_start().starts_with(&pa)).unwrap_or_default().to_string()
+    };
+    wait_until("the new budget in top", Duration::from_secs(20), || top().contains("10.0 MiB / 300.0 MiB group"));
+}

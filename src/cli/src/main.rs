@@ -125,9 +125,10 @@ enum Cmd {
     /// Replay traces together against a device of a given size: do they fit, and what would?
     Replay {
         /// The device size to test, in VRAMCAP_LIMIT's grammar: 80GiB, 50%, or per device
-        /// 0=80GiB,1=40GiB (ordinal keys; devices not named are uncapped).
+        /// 0=80GiB,1=40GiB (ordinal keys; devices not named are uncapped); the traces' own limit
+        /// changes are then ignored. Without it, the limits the traces recorded, changes included.
         #[arg(long)]
-        limit: String,
+        limit: Option<String>,
         /// Trace files (VRAMCAP_TRACE output), one per process to place on the device.
         #[arg(required = true)]
         traces: Vec<PathBuf>,
@@ -311,7 +312,7 @@ fn main() {
         // Exit status 0: they fit, 1: they do not, 2: an error (as grep and diff).
         Cmd::Replay { limit, traces, stagger, json, policy, priority, reserve, headroom } => {
             let o = analysis::replay::Opts {
-                limit: &limit,
+                limit: limit.as_deref(),
                 paths: &traces,
                 stagger: &stagger,
                 json,

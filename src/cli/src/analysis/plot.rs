@@ -1,6 +1,8 @@
 //! `vramcap plot`: usage over time as an SVG (plotters). One panel per device; in each, the
 //! processes' charges stacked (the top edge is the device's combined usage), each process's cap
-//! as a red line, a group's budget as a dashed one, denials as red crosses. Time is in seconds
+//! as a red line, a group's budget as a dashed one, denials as red crosses. A cap or budget that
+//! changed while the job ran (`limit` events: the ceiling file edited, `vramcap limit`) is drawn
+//! as the step function it was; where there was none, no line. Time is in seconds
 //! since the earliest trace start. The time axis runs to the end of the last trace (its exit, from
 //! the summary) and one more step shows each process's state at its end, so memory still held at
 //! exit stays visible even when the peak shares the last bucket. The legend sits beside the
@@ -36,6 +38,18 @@ struct Grid {
     /// Denials: (time, series).
     marks: Vec<(u64, usize)>,
     dropped_marks: u64,
+    /// Limit changes: (time, process, device, the group's budget (else the process's cap), new
+    /// limit, 0 = none). Bounded like the marks.
+    limits: Vec<LimitStep>,
+}
+
+#[derive(Clone, Copy)]
+struct LimitStep {
+    t: u64,
+    proc_idx: usize,
+    dev: i32,
+    group: bool,
+    new: u64,
 }
 
 impl Grid {
@@ -90,7 +104,7 @@ fn clean(s: &str) -> String {
 
 pub fn plot(paths: &[PathBuf], out: &Path) -> Result<(), String> {
     let mut m = Merged::open(paths, Align::WallClock)?;
-    let mut g = Grid { width: 1000, series: Vec::new(), marks: Vec::new(), dropped_marks: 0 };
+    let mut g = Grid { width: 1000, series: Vec::new(), marks: Vec::new(), dropped_marks: 0, limits: Vec::new() };
     let mut last_t = 0;
     while let Some((i, e, t)) = m.next() {
         if e.dev < 0 {
@@ -108,6 +122,10 @@ pub fn plot(paths: &[PathBuf], out: &Path) -> Result<(), String> {
         let after = next_used(before, &e);
         g.series[k].used = after;
         g.record(k, t, before, after);
+        if e.op == Op::Limit && g.limits.len() < MAX_MARKS {
+            let group = m.names.get(e.api) == "group";
+            g.limits.push(LimitStep { t, proc_idx: i, dev: e.dev, group, new: e.size });
+        }
         if e.op == Op::Deny {
             if g.marks.len() < MAX_MARKS {
                 g.marks.push((t, k));
@@ -183,24 +201,33 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &mut String) -> Result<(), Box<d
             let base = stacked.last().cloned().unwrap_or_else(|| vec![0; n]);
             stacked.push(v.iter().zip(base.iter()).map(|(a, b)| a + b).collect());
         }
-        let caps: Vec<(usize, u64)> = ks
+        // Each process's cap from its header, then its own changes; the group's budget from the
+        // first member's header, then every member's record of its changes (in time order).
+        let header_dev = |k: usize| m.readers[g.series[k].proc_idx].header.devices.iter().find(|d| d.index == dev);
+        let mut caps: Vec<(usize, Vec<(u64, u64)>)> = ks
             .iter()
-            .filter_map(|&k| {
-                let h = &m.readers[g.series[k].proc_idx].header;
-                h.devices.iter().find(|d| d.index == dev).and_then(|d| d.limit).map(|l| (k, l))
+            .map(|&k| {
+                let p = g.series[k].proc_idx;
+                let changes = g.limits.iter().filter(|l| !l.group && l.proc_idx == p && l.dev == dev).map(|l| (l.t, l.new));
+                (k, std::iter::once((0, header_dev(k).and_then(|d| d.limit).unwrap_or(0))).chain(changes).collect::<Vec<_>>())
             })
+            .filter(|(_, st)| st.iter().any(|s| s.1 > 0))
             .collect();
-        let group_caps: Vec<u64> = {
-            let mut v: Vec<u64> = ks
-                .iter()
-                .filter_map(|&k| m.readers[g.series[k].proc_idx].header.devices.iter().find(|d| d.index == dev).and_then(|d| d.group_limit))
-                .collect();
-            v.sort();
-            v.dedup();
-            v
+        caps.dedup_by(|a, b| a.1 == b.1);
+        let group_cap: Option<Vec<(u64, u64)>> = {
+            let first = ks.iter().find_map(|&k| header_dev(k).and_then(|d| d.group_limit));
+            let mut changes: Vec<(u64, u64)> = g.limits.iter().filter(|l| l.group && l.dev == dev && ks.iter().any(|&k| g.series[k].proc_idx == l.proc_idx)).map(|l| (l.t, l.new)).collect();
+            changes.sort();
+            let mut st = vec![(0, first.unwrap_or(0))];
+            for c in changes {
+                if st.last().is_some_and(|l| l.1 != c.1) {
+                    st.push(c);
+                }
+            }
+            st.iter().any(|s| s.1 > 0).then_some(st)
         };
         let top = stacked.last().and_then(|v| v.iter().max().copied()).unwrap_or(0);
-        let cap_max = caps.iter().map(|c| c.1).chain(group_caps.iter().copied()).max().unwrap_or(0);
+        let cap_max = caps.iter().flat_map(|c| c.1.iter()).chain(group_cap.iter().flatten()).map(|s| s.1).max().unwrap_or(0);
         let ymax = (top.max(cap_max) as f64 / GIB * 1.1).max(1e-3);
         let mut chart = ChartBuilder::on(&area)
             .caption(format!("GPU {dev}"), ("sans-serif", 18))
@@ -231,19 +258,19 @@ fn draw(m: &Merged, g: &Grid, last_t: u64, out: &mut String) -> Result<(), Box<d
             let note = if dropped > 0 { format!(" ({dropped} event(s) dropped)") } else { String::new() };
             legend.push((format!("pid {} ({}): {} at end{note}", h.pid, clean(&h.exe), vramcap_common::grammar::size::human(s.used)), Swatch::Area(fill, color)));
         }
-        for &gc in &group_caps {
-            let y = gc as f64 / GIB;
-            chart.draw_series(DashedLineSeries::new(vec![(0.0, y), (xmax, y)], 8, 4, RED.stroke_width(2)))?;
+        if let Some(st) = &group_cap {
+            for seg in step_segments(st, xmax) {
+                chart.draw_series(DashedLineSeries::new(seg, 8, 4, RED.stroke_width(2)))?;
+            }
             let name = ks.iter().find_map(|&k| m.readers[g.series[k].proc_idx].header.group.clone()).unwrap_or_default();
-            legend.push((format!("group \"{}\" budget {}", clean(&name), vramcap_common::grammar::size::human(gc)), Swatch::Dashed(RED)));
+            legend.push((format!("group \"{}\" budget {}", clean(&name), step_label(st)), Swatch::Dashed(RED)));
         }
-        let mut same = caps.clone();
-        same.dedup_by_key(|c| c.1);
-        for (k, cap) in &same {
-            let y = *cap as f64 / GIB;
-            let label = if same.len() == 1 { "cap".to_string() } else { format!("cap pid {}", m.readers[g.series[*k].proc_idx].header.pid) };
-            chart.draw_series(LineSeries::new(vec![(0.0, y), (xmax, y)], RED.stroke_width(2)))?;
-            legend.push((format!("{label} {}", vramcap_common::grammar::size::human(*cap)), Swatch::Line(RED)));
+        for (k, st) in &caps {
+            let label = if caps.len() == 1 { "cap".to_string() } else { format!("cap pid {}", m.readers[g.series[*k].proc_idx].header.pid) };
+            for seg in step_segments(st, xmax) {
+                chart.draw_series(LineSeries::new(seg, RED.stroke_width(2)))?;
+            }
+            legend.push((format!("{label} {}", step_label(st)), Swatch::Line(RED)));
         }
         let marks: Vec<(f64, f64)> = g
             .marks
@@ -290,6 +317,40 @@ fn lighter(c: RGBColor) -> RGBColor {
     RGBColor(f(c.0), f(c.1), f(c.2))
 }
 
+/// A limit over time, `(t_ns, bytes)` from t = 0 (0 = none), as the line segments of its steps
+/// in the chart's units: level while it holds, vertical where it changes, nothing while none.
+fn step_segments(steps: &[(u64, u64)], xmax: f64) -> Vec<Vec<(f64, f64)>> {
+    let mut out: Vec<Vec<(f64, f64)>> = Vec::new();
+    let mut cur: Vec<(f64, f64)> = Vec::new();
+    for (n, &(t, v)) in steps.iter().enumerate() {
+        let x = (t as f64 / 1e9).min(xmax);
+        let end = steps.get(n + 1).map_or(xmax, |s| (s.0 as f64 / 1e9).min(xmax));
+        if v == 0 {
+            if !cur.is_empty() {
+                out.push(std::mem::take(&mut cur));
+            }
+            continue;
+        }
+        let y = v as f64 / GIB;
+        cur.push((x, y));
+        cur.push((end, y));
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// `1.0 GiB`, or for a limit that changed `1.0 GiB -> 256.0 MiB (2 changes)`.
+fn step_label(steps: &[(u64, u64)]) -> String {
+    let show = |b: u64| if b == 0 { "none".to_string() } else { vramcap_common::grammar::size::human(b) };
+    match steps {
+        [(_, v)] => show(*v),
+        [first, .., last] => format!("{} -> {} ({} change{})", show(first.1), show(last.1), steps.len() - 1, if steps.len() == 2 { "" } else { "s" }),
+        [] => String::new(),
+    }
+}
+
 /// The legend, in its own column to the right of the chart: a swatch and a label per row.
 fn draw_legend<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, items: &[(String, Swatch)]) -> Result<(), Box<dyn std::error::Error>>
 where
@@ -331,7 +392,7 @@ mod tests {
 
     #[test]
     fn a_peak_inside_one_bucket_is_not_carried_forward() {
-        let mut g = Grid { width: 10, series: Vec::new(), marks: Vec::new(), dropped_marks: 0 };
+        let mut g = Grid { width: 10, series: Vec::new(), marks: Vec::new(), dropped_marks: 0, limits: Vec::new() };
         g.series.push(Series { proc_idx: 0, dev: 0, used: 0, vals: Vec::new() });
         g.record(0, 1, 0, 100); // bucket 0: up to 100 ...
         g.record(0, 5, 100, 20); // ... and back to 20
@@ -339,6 +400,18 @@ mod tests {
         assert_eq!(g.filled(0, 5), vec![100, 20, 20, 30, 30]);
         g.coarsen(); // [0,1] [2,3] [4]
         assert_eq!(g.filled(0, 3), vec![100, 30, 30]);
+    }
+
+    #[test]
+    fn a_limit_that_changed_is_drawn_as_steps_and_none_as_no_line() {
+        let gib = 1u64 << 30;
+        let st = [(0, gib), (2_000_000_000, gib / 4), (3_000_000_000, 0), (4_000_000_000, 2 * gib)];
+        assert_eq!(
+            step_segments(&st, 5.0),
+            vec![vec![(0.0, 1.0), (2.0, 1.0), (2.0, 0.25), (3.0, 0.25)], vec![(4.0, 2.0), (5.0, 2.0)]]
+        );
+        assert_eq!(step_label(&st), "1.0 GiB -> 2.0 GiB (3 changes)");
+        assert_eq!(step_label(&st[..1]), "1.0 GiB");
     }
 
     #[test]

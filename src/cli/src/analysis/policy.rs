@@ -142,6 +142,8 @@ pub struct Sim {
     pub recorded_granted: Vec<u64>,
     pub total: u64,
     pub first_overall: Option<(usize, Denial)>,
+    /// Denials per device, in the order met.
+    dev_denials: Vec<(i32, u64)>,
 }
 
 impl Sim {
@@ -166,6 +168,7 @@ impl Sim {
             recorded_granted: vec![0; n],
             total: 0,
             first_overall: None,
+            dev_denials: Vec::new(),
         }
     }
 
@@ -202,6 +205,15 @@ impl Sim {
         self.used.push(vec![0; self.slot.len()]);
         self.devs.push(cfg);
         self.entries.push(e);
+    }
+
+    /// The group's budget on device `index` changes to `bytes` (0 = none), as `vramcap limit` or a
+    /// member's setting changes it in a running group: the next request is judged by it.
+    pub fn set_limit(&mut self, index: i32, bytes: u64) {
+        if let Some(k) = self.devs.iter().position(|d| d.index == index) {
+            self.ledger.set_limit(self.entries[k], bytes);
+            self.devs[k].limit = bytes;
+        }
     }
 
     /// Member `i` starts at `t`: it joins the group as the library's members join at CUDA init.
@@ -252,7 +264,16 @@ impl Sim {
         self.deny(i, x);
     }
 
+    /// Denials on device `index`.
+    pub fn denials_on(&self, index: i32) -> u64 {
+        self.dev_denials.iter().find(|d| d.0 == index).map_or(0, |d| d.1)
+    }
+
     fn deny(&mut self, i: usize, x: Denial) {
+        match self.dev_denials.iter_mut().find(|d| d.0 == x.dev) {
+            Some(d) => d.1 += 1,
+            None => self.dev_denials.push((x.dev, 1)),
+        }
         self.denials[i] += 1;
         self.total += 1;
         self.first[i].get_or_insert(x);

@@ -12,6 +12,12 @@
 //! for a cut trace (killed, or still running), at its last event; the output says which.
 //! Exit status, as `grep` and `diff` do: 0 they fit, 1 they do not, 2 an error.
 //!
+//! `--limit` is the device size to test; the traces' own limit changes are ignored. Without it
+//! the replay runs against the limits the traces recorded: per device the group budget of the
+//! first header that has one (else the first process cap), moved by the traces' `limit` events
+//! as it moved in the recorded run (the group's events; a process cap's ceiling events when no
+//! trace had a group budget there).
+//!
 //! The traces are also one vramcap group, admitted by the library's own code (policy.rs): with `--policy`,
 //! `--priority`, `--reserve` and `--headroom` the verdict is the chosen policy's, and the three
 //! policies are compared on the same input.
@@ -33,6 +39,8 @@ struct Dev {
     used: Vec<u64>,
     /// The most a recorded denial asked the device to hold: everyone's charge then + its size.
     demand: u64,
+    /// Recorded limit changes applied (without `--limit`); `limit` is the last one.
+    changes: u64,
 }
 
 impl Dev {
@@ -61,7 +69,8 @@ impl End {
 
 /// `vramcap replay`'s arguments.
 pub struct Opts<'a> {
-    pub limit: &'a str,
+    /// `None`: the limits the traces recorded, with their changes.
+    pub limit: Option<&'a str>,
     pub paths: &'a [PathBuf],
     pub stagger: &'a [u64],
     pub json: bool,
@@ -75,10 +84,18 @@ pub struct Opts<'a> {
 
 /// Ok(true): they fit; Ok(false): they do not (exit status 1).
 pub fn run(o: &Opts) -> Result<bool, String> {
-    let (spec, paths, stagger, json_out) = (o.limit, o.paths, o.stagger, o.json);
+    let (paths, stagger, json_out) = (o.paths, o.stagger, o.json);
+    let spec = o.limit.unwrap_or("the limits the traces recorded");
     // VRAMCAP_LIMIT's grammar, by the library's own parser: one size, or a per-device list.
-    let limit = parse_list("--limit", spec).map_err(|e| format!("--limit {spec:?}: {}; expected {}", e.reason, e.expected))?;
-    if let Some(e) = limit.iter().find(|e| matches!(e.key, Some(DeviceKey::Uuid(_)))) {
+    let limit = match o.limit {
+        Some(spec) => Some(parse_list("--limit", spec).map_err(|e| format!("--limit {spec:?}: {}; expected {}", e.reason, e.expected))?),
+        None => None,
+    };
+    let limit_for = |m: &Merged, dev: i32| match &limit {
+        Some(l) => device_limit(m, l, dev),
+        None => Ok(recorded_limit(m, dev).0),
+    };
+    if let Some(e) = limit.iter().flatten().find(|e| matches!(e.key, Some(DeviceKey::Uuid(_)))) {
         return Err(format!(
             "--limit {spec:?}: `{}` names a GPU by UUID, and traces record devices by CUDA ordinal only; \
              expected ordinals (0=80GiB,1=40GiB)",
@@ -114,7 +131,7 @@ pub fn run(o: &Opts) -> Result<bool, String> {
     let mut devs: Vec<Dev> = Vec::new();
     let cfg_for = |m: &Merged, dev: i32| -> Result<DevCfg, String> {
         let reserve = reserve.iter().map(|r| device_limit(m, r, dev)).collect::<Result<Vec<u64>, String>>()?;
-        Ok(DevCfg { index: dev, limit: device_limit(m, &limit, dev)?, headroom: device_limit(m, &headroom, dev)?, reserve })
+        Ok(DevCfg { index: dev, limit: limit_for(m, dev)?, headroom: device_limit(m, &headroom, dev)?, reserve })
     };
     // The three policies side by side; `chosen` gives the verdict.
     let mut sims: Vec<Sim> = Policy::ALL.iter().map(|&p| Sim::new(p, priority.clone())).collect();
@@ -176,8 +193,8 @@ pub fn run(o: &Opts) -> Result<bool, String> {
             let k = match devs.iter().position(|d| d.index == e.dev) {
                 Some(k) => k,
                 None => {
-                    let limit = device_limit(&m, &limit, e.dev)?;
-                    devs.push(Dev { index: e.dev, limit, usage: Combined { index: e.dev, ..Default::default() }, used: vec![0; m.readers.len()], demand: 0 });
+                    let limit = limit_for(&m, e.dev)?;
+                    devs.push(Dev { index: e.dev, limit, usage: Combined { index: e.dev, ..Default::default() }, used: vec![0; m.readers.len()], demand: 0, changes: 0 });
                     devs.len() - 1
                 }
             };
@@ -194,6 +211,13 @@ pub fn run(o: &Opts) -> Result<bool, String> {
                 }
             }
             sims.iter_mut().for_each(|s| s.event(i, &e, t));
+            // A recorded limit change (ignored under `--limit`): the budget the next request meets.
+            if e.op == Op::Limit && limit.is_none() && recorded_limit(&m, e.dev).1 == (m.names.get(e.api) == "group") {
+                let d = &mut devs[k];
+                d.limit = e.size;
+                d.changes += 1;
+                sims.iter_mut().for_each(|s| s.set_limit(e.dev, e.size));
+            }
         }
         // Several traces read one event ahead: past its last event, a trace's reader has also
         // read its summary (one trace alone ends with the stream, below).
@@ -258,6 +282,7 @@ pub fn run(o: &Opts) -> Result<bool, String> {
             "first_denial": sim.first_overall.map(|(i, x)| den(i, &x)),
             "min_limit": map(&|d| json!(d.need())),
             "limit": map(&|d| if d.limit > 0 { json!(d.limit) } else { Value::Null }),
+            "limit_changes": map(&|d| json!(d.changes)),
             "headroom": per_dev(&|d| d.headroom),
             "denials": sim.total,
             "denied_in_traces": denied_in_trace,
@@ -280,7 +305,14 @@ pub fn run(o: &Opts) -> Result<bool, String> {
     }
     for d in &devs {
         let cap = if d.limit > 0 { human(d.limit) } else { "no limit".into() };
-        let verdict = if d.limit == 0 || d.need() <= d.limit { "fits" } else { "does NOT fit" };
+        let verdict = if d.changes > 0 {
+            if sim.denials_on(d.index) == 0 { "fits" } else { "does NOT fit" }
+        } else if d.limit == 0 || d.need() <= d.limit {
+            "fits"
+        } else {
+            "does NOT fit"
+        };
+        let cap = if d.changes > 0 { format!("the recorded limits ({} change(s), last {cap})", d.changes) } else { cap };
         let asked = if d.demand > d.usage.peak { format!(" (a recorded denial asked for {} = {} bytes in all)", human(d.demand), d.demand) } else { String::new() };
         println!("device {}: combined peak {} at +{}{asked} against {cap}: {verdict}", d.index, human(d.usage.peak), secs(d.usage.peak_t));
     }
@@ -415,6 +447,17 @@ fn secs(ns: u64) -> String {
 
 /// The limit in bytes for device `dev` (0: none): the last entry naming it or every device, as
 /// the library applies a list. A percentage needs the device's total from a header.
+/// The limit a replay without `--limit` starts device `dev` with: the group budget of the first
+/// header that has one, else the first process cap (0: none); and whether it is a group's (then
+/// the group's `limit` events move it, else the process caps' ceiling events).
+fn recorded_limit(m: &Merged, dev: i32) -> (u64, bool) {
+    let on = |r: &super::trace::TraceReader| r.header.devices.iter().find(|d| d.index == dev).cloned();
+    if let Some(g) = m.readers.iter().find_map(|r| on(r).and_then(|d| d.group_limit)) {
+        return (g, true);
+    }
+    (m.readers.iter().find_map(|r| on(r).and_then(|d| d.limit)).unwrap_or(0), false)
+}
+
 fn device_limit(m: &Merged, entries: &[Entry], dev: i32) -> Result<u64, String> {
     let applies = |e: &&Entry| match e.key {
         None => true,

@@ -21,12 +21,20 @@ use crate::ledger::{self, Denied};
 
 /// Reserves `bytes` on `dev`, relieving pressure once if they do not fit: this process's own
 /// unused memory first, then (when the group refused) its neighbours' (`group::pressure`).
+/// Inlined into the allocation path: what fits costs one reservation and one branch.
+#[inline]
 pub fn reserve(dev: usize, bytes: u64) -> Result<(), Denied> {
+    match ledger::reserve(dev, bytes) {
+        Ok(()) => Ok(()),
+        Err(_) => reserve_under_pressure(dev, bytes),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn reserve_under_pressure(dev: usize, bytes: u64) -> Result<(), Denied> {
+    relieve(dev);
     ledger::reserve(dev, bytes)
-        .or_else(|_| {
-            relieve(dev);
-            ledger::reserve(dev, bytes)
-        })
         .or_else(|d| if d.group && crate::group::pressure::ask(dev, bytes) { ledger::reserve(dev, bytes) } else { Err(d) })
 }
 

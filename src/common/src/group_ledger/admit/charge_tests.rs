@@ -118,3 +118,38 @@ fn racing_threads_never_exceed_and_end_at_zero() {
     assert_eq!(s.used(0), 0);
     assert!(s.devices[0].peak.load(Relaxed) <= 1000);
 }
+
+// A change of the limit racing a request, made exactly between the request's first look at the
+// limit and its CAS (issue 26: the re-read after the CAS). Remove the re-read and these fail.
+#[test]
+fn a_shrink_racing_a_request_is_the_budget_it_is_judged_by() {
+    let s = fresh();
+    s.set_limit(0, 100);
+    let m = s.claim(10, 5, 7).unwrap();
+    s.charge(m, 0, 30).unwrap();
+    // Read 100, cut to 60 before the CAS: 30 + 50 no longer fits.
+    assert_eq!(s.charge_racing(m, 0, 50, || drop(s.set_limit(0, 60))), Err(Over { used: 30, limit: 60, rule: Rule::Budget }));
+    assert_eq!((s.used(0), s.devices[0].held.load(Relaxed), s.slots[m].charge[0].load(Relaxed)), (30, 30, 30), "nothing left behind");
+    // What still fits the new budget is granted.
+    s.set_limit(0, 100);
+    s.charge_racing(m, 0, 30, || drop(s.set_limit(0, 60))).unwrap();
+    assert_eq!(s.used(0), 60);
+    // A grow in the gap: refused on the old limit at first, then judged afresh on the new one.
+    s.charge_racing(m, 0, 40, || drop(s.set_limit(0, 200))).unwrap();
+    assert_eq!(s.used(0), 100);
+    assert_eq!(s.devices[0].peak.load(Relaxed), 100);
+}
+
+#[test]
+fn a_shrink_racing_a_request_under_the_general_rules_is_the_budget_it_is_judged_by() {
+    // A member with an unmet reserve takes the general path (`charge_general`).
+    let s = fresh();
+    s.set_limit(0, 100);
+    let m = s.claim(10, 5, 7).unwrap();
+    s.claim_reserve(m, 0, 10).unwrap();
+    // 10 of its own reserve and 50 more: 60 fits 100, not the 50 it was cut to meanwhile.
+    assert!(s.charge_racing(m, 0, 60, || drop(s.set_limit(0, 50))).is_err());
+    assert_eq!((s.devices[0].held.load(Relaxed), s.slots[m].unmet[0].load(Relaxed), s.used(0)), (10, 10, 0), "all given back");
+    s.charge_racing(m, 0, 40, || drop(s.set_limit(0, 50))).unwrap();
+    assert_eq!((s.devices[0].held.load(Relaxed), s.used(0)), (40, 40));
+}

@@ -143,9 +143,66 @@ impl Shared {
     /// Reserves `size` on device entry `e` for the member in slot `i` and records it as its
     /// charge: the reservation and every rule of the policy in one step (see the module).
     /// Inlined into the library's group step (another crate): it is the group's hot path.
+    ///
+    /// The common case is one predictable branch: no headroom on the device, no unmet reserve
+    /// of this member, a policy other than `equal`. Then every rule but the budget is moot (the
+    /// others' reserves are in `held` already) and the request is one CAS on `held` against the
+    /// limit. Anything else, and any refusal (where `priority` may take from lower members and a
+    /// late member the headroom), goes to [`Shared::charge_general`], which decides it afresh:
+    /// the fast attempt changed nothing when it gives up.
     #[inline(always)]
     pub fn charge(&self, i: usize, e: usize, size: u64) -> Result<(), Over> {
-        let t = self.admit(i, e, size)?;
+        self.charge_racing(i, e, size, || {})
+    }
+
+    /// [`Shared::charge`] with `gap` run between its first look at the limit and its CAS on
+    /// `held`: where a change of the limit racing the request lands (tests put one there;
+    /// `charge` passes nothing, which compiles away).
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn charge_racing(&self, i: usize, e: usize, size: u64, gap: impl Fn()) -> Result<(), Over> {
+        let (d, s) = (&self.devices[e], &self.slots[i]);
+        // Raw headroom words 0 (not set yet) and 1 (set to none) both mean no headroom.
+        let rare = (d.headroom.load(Relaxed) >> 1) | s.unmet[e].load(Relaxed);
+        if rare != 0 || self.header.policy.load(Relaxed) == Policy::Equal as u32 {
+            return self.charge_general(i, e, size, &gap);
+        }
+        let raw = d.limit.load(Acquire);
+        let limit = if raw == 0 { u64::MAX } else { raw };
+        gap();
+        let Ok(held_after) = add_bounded(&d.held, size, limit) else { return self.charge_general(i, e, size, &|| {}) };
+        // The limit again, after the CAS (issue 26), so that a request that read the old limit
+        // and charged after a shrink is held to the new one. Acquire is enough (no SeqCst): every
+        // write of `held` is a read-modify-write, so our AcqRel CAS read the end of a release
+        // sequence. Any request that saw the new limit before its own CAS made that CAS after
+        // the limit's store (happens-before), so our CAS, later on `held`, is too, and this load
+        // cannot return the older limit (coherence). A request whose CAS came before every such
+        // one is ordered before the change: judged by the limit then in force. So no burst gets
+        // past the lower of the two budgets at any point of `held`'s order.
+        let now = d.limit.load(Acquire);
+        if now != raw {
+            self.limit_moved(e, size, held_after, limit, now)?;
+        }
+        s.charge[e].fetch_add(size, AcqRel);
+        note_peak(d, held_after);
+        Ok(())
+    }
+
+    /// The limit changed between the first look and the CAS: a shrink that the request no
+    /// longer fits takes it back (it never became the member's charge) and refuses it.
+    #[cold]
+    #[inline(never)]
+    fn limit_moved(&self, e: usize, size: u64, held_after: u64, limit: u64, now: u64) -> Result<(), Over> {
+        if now != 0 && now < limit && held_after > now {
+            return Err(self.undo_after_shrink(usize::MAX, e, size, 0, &[], now));
+        }
+        Ok(())
+    }
+
+    /// [`Shared::charge`] under every rule of the policy.
+    #[inline(never)]
+    fn charge_general(&self, i: usize, e: usize, size: u64, gap: &dyn Fn()) -> Result<(), Over> {
+        let t = self.admit(i, e, size, gap)?;
         if !t.stolen.is_empty() {
             self.lend(i, e, &t.stolen);
         }
@@ -167,9 +224,11 @@ impl Shared {
     #[cold]
     #[inline(never)]
     fn undo_after_shrink(&self, i: usize, e: usize, added: u64, own: u64, stolen: &[(usize, u64)], limit: u64) -> Over {
-        let (d, s) = (&self.devices[e], &self.slots[i]);
+        let d = &self.devices[e];
         sub_saturating(&d.held, added);
-        give_unmet(d, &s.unmet[e], own, u64::MAX);
+        if own > 0 {
+            give_unmet(d, &self.slots[i].unmet[e], own, u64::MAX);
+        }
         self.give_back(e, stolen);
         Over { used: self.used(e), limit, rule: Rule::Budget }
     }
@@ -178,7 +237,7 @@ impl Shared {
     /// replay judging a request that the recorded run refused (a ledger nobody else writes).
     pub fn probe(&self, i: usize, e: usize, size: u64) -> Result<(), Over> {
         let holder = self.header.headroom_holder.load(Acquire);
-        let t = self.admit(i, e, size);
+        let t = self.admit(i, e, size, &|| {});
         // A late member may have taken the headroom to answer: put it back.
         self.header.headroom_holder.store(holder, Release);
         let t = t?;
@@ -192,8 +251,8 @@ impl Shared {
 
     /// The rules of [`Shared::charge`]: on success the request is charged and `held` raised.
     #[inline(always)]
-    fn admit(&self, i: usize, e: usize, size: u64) -> Result<Taken, Over> {
-        match self.admit_once(i, e, size) {
+    fn admit(&self, i: usize, e: usize, size: u64, gap: &dyn Fn()) -> Result<Taken, Over> {
+        match self.admit_once(i, e, size, gap) {
             Err(over) => self.admit_as_holder(i, e, size, over),
             ok => ok,
         }
@@ -207,13 +266,15 @@ impl Shared {
         if !late || self.headroom(e) == 0 || self.holds_headroom(i) || !self.try_take_headroom(i) {
             return Err(over);
         }
-        self.admit_once(i, e, size)
+        self.admit_once(i, e, size, &|| {})
     }
 
+    /// `gap`: see [`Shared::charge_racing`].
     #[inline(always)]
-    fn admit_once(&self, i: usize, e: usize, size: u64) -> Result<Taken, Over> {
+    fn admit_once(&self, i: usize, e: usize, size: u64, gap: &dyn Fn()) -> Result<Taken, Over> {
         let (d, s) = (&self.devices[e], &self.slots[i]);
         let (limit, budget, headroom) = self.budget(i, e);
+        gap();
         // The member's own unmet reserve first: that part is in `held` already.
         let own = take_own(d, &s.unmet[e], size);
         let need = size - own;
@@ -247,9 +308,8 @@ impl Shared {
             }
         };
         let got: u64 = stolen.iter().map(|&(_, b)| b).sum();
-        // The limit again, after the CAS (issue 26): a request that read the old limit but
-        // charged after a shrink is held to the new one. One load of the line just written.
-        let now = d.limit.load(SeqCst);
+        // The limit again, after the CAS (issue 26): see `charge` for why Acquire is enough.
+        let now = d.limit.load(Acquire);
         if now != 0 && now < limit && held_after > now {
             return Err(self.undo_after_shrink(i, e, need - got, own, &stolen, now));
         }
@@ -309,6 +369,19 @@ impl Shared {
     pub fn uncharge(&self, i: usize, e: usize, size: u64) -> u64 {
         let (d, s) = (&self.devices[e], &self.slots[i]);
         let taken = sub_saturating(&s.charge[e], size);
+        // One branch for the common case: no loans (on any device) and no reserve here.
+        if s.loans_on.load(Relaxed) | s.reserve[e].load(Relaxed) != 0 {
+            return self.uncharge_to_owners(i, e, taken);
+        }
+        sub_saturating(&d.held, taken);
+        taken
+    }
+
+    /// The rest of [`Shared::uncharge`] for a member with loans or a reserve: `taken` bytes
+    /// left its charge; its lenders, then its own reserve, get theirs back before `held` does.
+    #[inline(never)]
+    fn uncharge_to_owners(&self, i: usize, e: usize, taken: u64) -> u64 {
+        let (d, s) = (&self.devices[e], &self.slots[i]);
         let repaid = if s.loans_on.load(Relaxed) & (1 << e) == 0 { 0 } else { self.repay(i, e, taken) };
         let r = s.reserve[e].load(Relaxed);
         let back = if r == 0 { 0 } else { give_unmet(d, &s.unmet[e], taken - repaid, r.saturating_sub(s.charge[e].load(Acquire))) };
