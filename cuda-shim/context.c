@@ -69,6 +69,10 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
         return CUDA_ERROR_OUT_OF_MEMORY;
     c->dev = dev;
     c->usage = 1;               /* documented: a new context has a usage count of one */
+    if (fc_ctx_begin(c) != CUDA_SUCCESS) {   /* a context takes device memory of its own */
+        free(c);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     pthread_mutex_lock(&g_ctx_lock);
     c->next = g_user_ctxs;
     g_user_ctxs = c;
@@ -121,6 +125,7 @@ static void ctx_end(CUcontext ctx)
             tls_stack[j++] = tls_stack[i];
     tls_depth = j;
     fc_ctx_free_memory(ctx);
+    fc_ctx_finish(ctx);
 }
 
 static CUresult ctx_destroy(CUcontext ctx)
@@ -320,6 +325,11 @@ FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     pthread_mutex_lock(&g_ctx_lock);
     g_primary[dev].dev = dev;
     g_primary[dev].primary = 1;
+    /* The first retain creates the context: it takes its memory then, or fails. */
+    if (g_primary_refs[dev] == 0 && fc_ctx_begin(&g_primary[dev]) != CUDA_SUCCESS) {
+        pthread_mutex_unlock(&g_ctx_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     g_primary_refs[dev]++;
     pthread_mutex_unlock(&g_ctx_lock);
     *pctx = &g_primary[dev];
@@ -342,8 +352,10 @@ static CUresult primary_release(CUdevice dev)
         last = --g_primary_refs[dev] == 0;
     else
         rc = CUDA_ERROR_INVALID_CONTEXT;
-    if (last)                   /* under the lock: a racing retain gets a context already reset */
+    if (last) {                 /* under the lock: a racing retain gets a context already reset */
         fc_ctx_free_memory(&g_primary[dev]);
+        fc_ctx_finish(&g_primary[dev]);
+    }
     pthread_mutex_unlock(&g_ctx_lock);
     return rc;
 }
@@ -374,6 +386,7 @@ static CUresult primary_reset(CUdevice dev)
     g_primary[dev].dev = dev;
     g_primary[dev].primary = 1;
     fc_ctx_free_memory(&g_primary[dev]);
+    fc_ctx_reset_modules(&g_primary[dev]);
     pthread_mutex_unlock(&g_ctx_lock);
     return CUDA_SUCCESS;
 }

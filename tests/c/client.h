@@ -77,7 +77,13 @@
     X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, 0) \
     X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, 0) \
     X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, 0) \
-    X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020, 0)
+    X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020, 0) \
+    X(cuModuleLoad, "cuModuleLoad", 2000, 0) \
+    X(cuModuleLoadData, "cuModuleLoadData", 2000, 0) \
+    X(cuModuleLoadDataEx, "cuModuleLoadDataEx", 2010, 0) \
+    X(cuModuleUnload, "cuModuleUnload", 2000, 0) \
+    X(cuCtxSetLimit, "cuCtxSetLimit", 3010, 0) \
+    X(cuCtxGetLimit, "cuCtxGetLimit", 3010, 0)
 /* Pool lifetimes, stream devices, graphs and graph memory (ops_pool.c). */
 #define CLIENT_POOL(X) \
     X(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, 0) \
@@ -148,6 +154,8 @@ int client_extra_op(const struct cu_api *api, const char *op, int argc, char **a
 int client_ctx_op(const struct cu_api *api, const char *op, int argc, char **argv,
                   unsigned long long (*new_slot)(unsigned long long),
                   unsigned long long (*slot)(const char *));
+/* Module, limit and driver-books ops (ops_overhead.c), same contract as client_extra_op. */
+int client_overhead_op(const struct cu_api *api, const char *op, int argc, char **argv);
 /* Pool lifetime and graph ops (ops_pool.c), same contract as client_extra_op. */
 int client_pool_op(const struct cu_api *api, const char *op, int argc, char **argv,
                    unsigned long long (*new_slot)(unsigned long long),
