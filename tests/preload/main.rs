@@ -19,3 +19,4 @@ mod lifetimes_pool;
 mod locations;
 mod lookups;
 mod numba;
+mod overhead;

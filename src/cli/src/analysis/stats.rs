@@ -78,6 +78,11 @@ pub struct DevStats {
     /// Limits changed while the process ran (`limit` events), in trace order.
     pub limits: Vec<LimitChange>,
     pub live: PtrMap<Live>,
+    /// Overhead (`overhead` / `overhead_free` events): memory the driver took that no allocation
+    /// returned, per context, now and at most; counted in `used` too, shown apart.
+    pub overhead: u64,
+    pub overhead_peak: u64,
+    pub overhead_by_ctx: PtrMap<u64>,
     /// Allocations whose address was handed out again before their free appeared in the file:
     /// the free may still come (written after the re-allocation, stamped before it).
     pub shadowed: PtrMap<Live>,
@@ -104,6 +109,9 @@ impl DevStats {
             failures: Vec::new(),
             limits: Vec::new(),
             live: PtrMap::default(),
+            overhead: 0,
+            overhead_peak: 0,
+            overhead_by_ctx: PtrMap::default(),
             shadowed: PtrMap::default(),
         }
     }
@@ -164,6 +172,19 @@ impl DevStats {
                 if self.limits.len() < KEEP_INCIDENTS * 10 {
                     self.limits.push(LimitChange { t_ns: e.t_ns, old: e.ptr, new: e.size, source: e.api, uid: e.result });
                 }
+            }
+            Op::Overhead | Op::OverheadFree => {
+                self.used = next_used(self.used, e);
+                // `overhead` says what the context holds now, `overhead_free` what it gave back.
+                let was = self.overhead_by_ctx.get(&e.ptr).copied().unwrap_or(0);
+                let now = if e.op == Op::Overhead { e.size } else { was.saturating_sub(e.size) };
+                if now == 0 {
+                    self.overhead_by_ctx.remove(&e.ptr);
+                } else {
+                    self.overhead_by_ctx.insert(e.ptr, now);
+                }
+                self.overhead = self.overhead.saturating_sub(was).saturating_add(now);
+                self.overhead_peak = self.overhead_peak.max(self.overhead);
             }
             Op::Map | Op::Unmap | Op::Reserve | Op::HostAlloc | Op::HostFree | Op::IpcOpen | Op::Other => {
                 self.used = next_used(self.used, e);

@@ -79,8 +79,13 @@ pub fn render(r: &Registry) -> String {
     let _ = writeln!(out, "vramcap_group_reclaimed_bytes_total {}", super::reclaim::RECLAIMED_BYTES.load(std::sync::atomic::Ordering::Relaxed));
 
     type Pick = fn(&super::state::Device) -> Option<u64>;
-    let gauges: [(&str, &str, Pick); 5] = [
+    let gauges: [(&str, &str, Pick); 6] = [
         ("vramcap_memory_used_bytes", "Device memory charged to the process now.", |d| Some(d.used)),
+        (
+            "vramcap_overhead_bytes",
+            "Of vramcap_memory_used_bytes, what the driver took beyond allocations (contexts, modules, per-context reservations), as measured from its books.",
+            |d| Some(d.overhead),
+        ),
         ("vramcap_memory_limit_bytes", "The process's cap on the device (absent when uncapped).", |d| d.limit),
         ("vramcap_memory_peak_bytes", "The most the process held on the device at once.", |d| Some(d.peak)),
         ("vramcap_group_memory_limit_bytes", "The budget of the process's group on the device (group members only).", |d| d.group_limit),

@@ -87,6 +87,11 @@ pub fn render(state: &Value) -> String {
                 human(n("peak")),
                 n("denied")
             ));
+            if n("overhead") > 0 {
+                let line = format!("of which overhead {} (contexts, modules, limits)", human(n("overhead")));
+                out.push_str(&format!("{:>8}  {:<20} {:>3}  {line}
+", "", "", ""));
+            }
             if let Some(line) = sharing_line(c, d) {
                 out.push_str(&format!("{:>8}  {:<20} {:>3}  {line}\n", "", "", ""));
             }

@@ -45,14 +45,35 @@ pub enum Op {
     /// none), `result` the uid that changed it (ceiling: 0, root's file); written with the named
     /// fields `old`, `new`, `uid` and `source` as well.
     Limit,
+    /// Device memory the driver took that no allocation returned (issue 24): a context, a
+    /// module's globals, a per-context reservation (`cuCtxSetLimit`), as measured from the
+    /// driver's books around the call named by `api`; `ptr` the context it belongs to, `size`
+    /// the bytes now charged for it. Counted against the cap like an allocation.
+    Overhead,
+    /// Overhead given back (the context ended, a module was unloaded, a limit lowered): `ptr`
+    /// the context, `size` the bytes.
+    OverheadFree,
     /// Read from a trace: an `op` this version does not know (never written).
     Other,
 }
 
 impl Op {
     /// Every op the library writes.
-    pub const WRITTEN: [Op; 11] =
-        [Op::Alloc, Op::Free, Op::Deny, Op::Fail, Op::Map, Op::Unmap, Op::Reserve, Op::HostAlloc, Op::HostFree, Op::IpcOpen, Op::Limit];
+    pub const WRITTEN: [Op; 13] = [
+        Op::Alloc,
+        Op::Free,
+        Op::Deny,
+        Op::Fail,
+        Op::Map,
+        Op::Unmap,
+        Op::Reserve,
+        Op::HostAlloc,
+        Op::HostFree,
+        Op::IpcOpen,
+        Op::Limit,
+        Op::Overhead,
+        Op::OverheadFree,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -67,6 +88,8 @@ impl Op {
             Op::HostFree => "host_free",
             Op::IpcOpen => "ipc_open",
             Op::Limit => "limit",
+            Op::Overhead => "overhead",
+            Op::OverheadFree => "overhead_free",
             Op::Other => "other",
         }
     }
@@ -78,7 +101,7 @@ impl Op {
 
     /// Whether the event moves the cap's charge (the rest are traced only).
     pub fn is_counted(self) -> bool {
-        matches!(self, Op::Alloc | Op::Free | Op::Deny | Op::Fail)
+        matches!(self, Op::Alloc | Op::Free | Op::Deny | Op::Fail | Op::Overhead | Op::OverheadFree)
     }
 }
 

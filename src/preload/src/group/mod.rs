@@ -70,6 +70,19 @@ pub fn view(dev: usize) -> Option<(u64, u64)> {
     Some((limit, s.used(e)))
 }
 
+/// The largest context a member of the group measured on `dev` (0: none, or no group).
+pub fn context_estimate(dev: usize) -> u64 {
+    let (Some(s), Some(e)) = (shared(), entry(dev)) else { return 0 };
+    s.devices[e].context_bytes.load(Acquire)
+}
+
+/// A context measured `bytes` on `dev`: later members reserve at least that before making one.
+pub fn note_context(dev: usize, bytes: u64) {
+    if let (Some(s), Some(e)) = (shared(), entry(dev)) {
+        s.devices[e].context_bytes.fetch_max(bytes, AcqRel);
+    }
+}
+
 /// Like [`view`], but `used` is what this member cannot have: `limit − used` is what it could
 /// get now under the group's rules (the budget it may fill, less what the group holds and
 /// others' unmet reserves, plus its own unmet reserve, within its `equal` share).

@@ -3,6 +3,7 @@
 //! in bookkeeping is contained by [`guarded`] and can never repeat or skip the driver call.
 
 pub mod arrays;
+pub mod books;
 pub mod charge;
 pub mod context;
 pub mod handles;
@@ -14,6 +15,8 @@ pub mod location;
 pub mod mem;
 pub mod nvml;
 pub mod nvml_early;
+pub mod overhead;
+pub mod modules;
 pub mod pool;
 pub mod pool_table;
 pub mod pressure;

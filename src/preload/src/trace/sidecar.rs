@@ -196,6 +196,7 @@ impl Sidecar {
                         denied: self.tally.denied.get(d).copied().unwrap_or(0),
                         group_limit: group.map(|g| g.0),
                         group_used: group.map(|g| g.1),
+                        overhead: ledger::overhead(d),
                         sharing,
                     }
                 })
