@@ -2,6 +2,7 @@
 
 mod group;
 mod group_hostile;
+mod group_overhead;
 mod group_policy;
 mod group_sharing;
 mod live_budget;
