@@ -60,3 +60,38 @@ fn every_members_context_counts_in_the_group_and_the_device_never_passes_the_bud
         b.sigkill();
     }
 }
+
+/// `nvidia-smi` in a preloaded container: a tool that never starts CUDA is shown the group's
+/// budget and what the group's jobs hold (their contexts included), read from the ledger without
+/// joining it and without initialising CUDA.
+#[test]
+fn a_tool_that_never_starts_cuda_sees_what_the_group_holds() {
+    let dir = private_group_dir();
+    let job = Run::client("client_linked")
+        .env("VRAMCAP_GROUP", "tool")
+        .env("VRAMCAP_GROUP_DIR", &dir)
+        .env("VRAMCAP_GROUP_LIMIT", "2g")
+        .env("FAKECUDA_CTX_BYTES", "300m");
+    let mut a = job.args(["init ctx 0 alloc 600m sleep 60000"]).spawn();
+    assert_eq!(a.wait_for("alloc").rc(), 0);
+    let m = vramcap_common::group_ledger::file::open_existing(&vramcap_common::group_ledger::file::path_for(dir.to_str().unwrap(), "tool"))
+        .unwrap()
+        .unwrap();
+    let members = || m.shm.header.members.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(members(), 1);
+    for limit in [None, Some("2g")] {
+        let mut tool = Run::client("client_nvml").env("VRAMCAP_GROUP", "tool").env("VRAMCAP_GROUP_DIR", &dir);
+        if let Some(l) = limit {
+            tool = tool.env("VRAMCAP_GROUP_LIMIT", l);
+        }
+        let out = tool.args(["nvml 0 nvml2 0 cucount"]).run();
+        out.ok();
+        assert_eq!(out.nth("cucount", 0).rc(), 3, "CUDA was initialised: {}", out.stderr);
+        for i in 0..2 {
+            let n = out.nth("nvml", i);
+            assert_eq!((n.num("total"), n.num("used"), n.num("free")), (2 * GIB, 900 * MIB, 2 * GIB - 900 * MIB), "{limit:?}: {}", out.stdout);
+        }
+        assert_eq!(members(), 1, "the tool did not join the group");
+    }
+    a.sigkill();
+}

@@ -19,7 +19,9 @@
 use super::init::format_uuid;
 use crate::ffi::*;
 use crate::hooks::{import, real};
+use crate::ledger;
 use once_cell::sync::OnceCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::ffi::{CStr, c_char};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,11 +79,25 @@ fn nvml_up() -> bool {
     *UP.get_or_init(|| import::nvmlInit_v2().is_some_and(|f| unsafe { f() } == NVML_SUCCESS))
 }
 
+/// NVML handles found so far, by CUDA ordinal (address + 1; 0: not looked up yet). A handle
+/// stays valid while NVML is initialised, and our own `nvmlInit_v2` keeps it so.
+static HANDLES: [AtomicUsize; ledger::MAX_DEVICES] = [const { AtomicUsize::new(0) }; ledger::MAX_DEVICES];
+
 /// The NVML handle of CUDA ordinal `dev`, matched by UUID.
 fn nvml_handle(dev: usize) -> Option<nvmlDevice_t> {
     if !nvml_up() {
         return None;
     }
+    let cached = HANDLES.get(dev)?.load(Ordering::Acquire);
+    if cached != 0 {
+        return Some((cached - 1) as nvmlDevice_t);
+    }
+    let h = find_handle(dev)?;
+    HANDLES[dev].store(h as usize + 1, Ordering::Release);
+    Some(h)
+}
+
+fn find_handle(dev: usize) -> Option<nvmlDevice_t> {
     let (get, uuid_fn) = (import::cuDeviceGet()?, import::cuDeviceGetUuid()?);
     let (mut d, mut b) = (0, [0u8; 16]);
     if unsafe { get(&mut d, dev as i32) } != CUDA_SUCCESS || unsafe { uuid_fn(&mut b, d) } != CUDA_SUCCESS {
