@@ -37,7 +37,7 @@ fn agree_peak(cap: &str, ctx: &str, ops: &str, checks: &[(&str, &[i64])], strict
         let free = |o: &Output| o.of("info").last().unwrap().num("free");
         assert_eq!(free(&capped), free(&bare), "{c}: cuMemGetInfo agrees with the driver after: {ops}\n{}", capped.stdout);
         let limit = size(cap);
-        let stats = capped.of("stats").last().unwrap().clone();
+        let stats = capped.of("stats").last().copied().cloned().unwrap();
         if strict {
             assert!(stats.num("peak") <= limit.max(size(ctx)), "{c}: the device held {} past the cap {limit}: {ops}", stats.num("peak"));
         }

@@ -225,6 +225,17 @@ pub fn run(socket: &Path, once: bool) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    /// Overhead gets a line of its own; none, no line.
+    #[test]
+    fn overhead_is_shown_apart() {
+        let state = serde_json::json!({"type":"state","bad_clients":0,"clients":[
+            {"pid":42,"exe":"python3","devices":[{"index":0,"used":1u64<<30,"limit":2u64<<30,"peak":1u64<<30,"denied":0,"overhead":300u64<<20}]},
+            {"pid":43,"exe":"plain","devices":[{"index":0,"used":1,"limit":2,"peak":1,"denied":0,"overhead":0}]}]});
+        let t = render(&state);
+        assert!(t.contains("of which overhead 300.0 MiB (contexts, modules, limits)"), "{t}");
+        assert_eq!(t.matches("overhead").count(), 1, "{t}");
+    }
+
     /// A group member without a cap of its own shows its group's budget, not `-`.
     #[test]
     fn a_group_member_shows_its_group_budget() {

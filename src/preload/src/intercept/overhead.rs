@@ -137,6 +137,10 @@ pub fn charge(api: Hook, ctx: u64, dev: usize, bytes: u64, reserved: u64, new: b
         l.store(bytes, Ordering::Release);
         crate::group::note_context(dev, bytes);
     }
+    if new {
+        // A context whose end we never saw left its address to this one: its memory is gone.
+        context_ended(api, ctx);
+    }
     if bytes == 0 {
         return Ok(());
     }
