@@ -222,7 +222,7 @@ fn budgets_moving_under_sixty_four_racing_threads_are_never_passed() {
 fn a_burst_racing_shrinks_never_passes_the_new_budget_on_the_device() {
     let dir = private_group_dir();
     let devfile = dir.join("device");
-    let dev = Device::open(&devfile);
+    let dev = SharedDevice::open(&devfile);
     let big = GIB;
     let members: Vec<Running> = (0..3)
         .map(|i| {

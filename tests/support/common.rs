@@ -403,7 +403,10 @@ pub struct SharedDevice(*mut std::sync::atomic::AtomicU64);
 impl SharedDevice {
     pub fn open(path: &Path) -> SharedDevice {
         let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
-        f.set_len(64 * 16).unwrap();
+        // Growing only: the fake keeps its per-process table after the device counters.
+        if f.metadata().unwrap().len() < 64 * 16 {
+            f.set_len(64 * 16).unwrap();
+        }
         use std::os::fd::AsRawFd;
         let p = unsafe { libc::mmap(std::ptr::null_mut(), 64 * 16, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.as_raw_fd(), 0) };
         assert_ne!(p, libc::MAP_FAILED);

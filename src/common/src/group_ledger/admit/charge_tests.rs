@@ -128,14 +128,14 @@ fn a_shrink_racing_a_request_is_the_budget_it_is_judged_by() {
     let m = s.claim(10, 5, 7).unwrap();
     s.charge(m, 0, 30).unwrap();
     // Read 100, cut to 60 before the CAS: 30 + 50 no longer fits.
-    assert_eq!(s.charge_racing(m, 0, 50, || drop(s.set_limit(0, 60))), Err(Over { used: 30, limit: 60, rule: Rule::Budget }));
+    assert_eq!(s.charge_racing(m, 0, 50, || { let _ = s.set_limit(0, 60); }), Err(Over { used: 30, limit: 60, rule: Rule::Budget }));
     assert_eq!((s.used(0), s.devices[0].held.load(Relaxed), s.slots[m].charge[0].load(Relaxed)), (30, 30, 30), "nothing left behind");
     // What still fits the new budget is granted.
     s.set_limit(0, 100);
-    s.charge_racing(m, 0, 30, || drop(s.set_limit(0, 60))).unwrap();
+    s.charge_racing(m, 0, 30, || { let _ = s.set_limit(0, 60); }).unwrap();
     assert_eq!(s.used(0), 60);
     // A grow in the gap: refused on the old limit at first, then judged afresh on the new one.
-    s.charge_racing(m, 0, 40, || drop(s.set_limit(0, 200))).unwrap();
+    s.charge_racing(m, 0, 40, || { let _ = s.set_limit(0, 200); }).unwrap();
     assert_eq!(s.used(0), 100);
     assert_eq!(s.devices[0].peak.load(Relaxed), 100);
 }
@@ -148,8 +148,8 @@ fn a_shrink_racing_a_request_under_the_general_rules_is_the_budget_it_is_judged_
     let m = s.claim(10, 5, 7).unwrap();
     s.claim_reserve(m, 0, 10).unwrap();
     // 10 of its own reserve and 50 more: 60 fits 100, not the 50 it was cut to meanwhile.
-    assert!(s.charge_racing(m, 0, 60, || drop(s.set_limit(0, 50))).is_err());
+    assert!(s.charge_racing(m, 0, 60, || { let _ = s.set_limit(0, 50); }).is_err());
     assert_eq!((s.devices[0].held.load(Relaxed), s.slots[m].unmet[0].load(Relaxed), s.used(0)), (10, 10, 0), "all given back");
-    s.charge_racing(m, 0, 40, || drop(s.set_limit(0, 50))).unwrap();
+    s.charge_racing(m, 0, 40, || { let _ = s.set_limit(0, 50); }).unwrap();
     assert_eq!((s.devices[0].held.load(Relaxed), s.used(0)), (40, 40));
 }
