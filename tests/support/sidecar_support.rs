@@ -164,9 +164,12 @@ pub fn reachable() -> &'static Reachable {
             std::fs::create_dir_all(d).unwrap();
             std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
+        // Copied by another process, not by this one: a file this test process held open for
+        // writing would be inherited by any child another test thread forks meanwhile, and until
+        // that child execs, running the copy fails with ETXTBSY ("text file busy").
         let copy = |from: &Path, to: &Path| {
-            std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy {} to {}: {e}", from.display(), to.display()));
-            std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let st = std::process::Command::new("install").arg("-m").arg("0755").arg(from).arg(to).status();
+            assert!(st.as_ref().is_ok_and(|s| s.success()), "install {} {}: {st:?}", from.display(), to.display());
         };
         for e in std::fs::read_dir(ctests_dir()).unwrap().chain(std::fs::read_dir(shim_dir()).unwrap()) {
             let p = e.unwrap().path();
