@@ -27,6 +27,12 @@ pub fn release_dir() -> PathBuf {
     target_dir().join("release")
 }
 
+/// A unit-test module (`tests.rs`, `*_tests.rs`): compiled only into `cargo test`, so editing it
+/// leaves the release outputs as they are, and `cargo build --release` rightly rebuilds nothing.
+fn test_only(p: &Path) -> bool {
+    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n == "tests.rs" || n.ends_with("_tests.rs"))
+}
+
 /// The newest modification time among `dirs` (recursively) and `files` under the root.
 fn newest_source(dirs: &[&str], files: &[&str]) -> Option<(std::time::SystemTime, PathBuf)> {
     fn walk(p: &Path, best: &mut Option<(std::time::SystemTime, PathBuf)>) {
@@ -36,6 +42,7 @@ fn newest_source(dirs: &[&str], files: &[&str]) -> Option<(std::time::SystemTime
                 walk(&e.path(), best);
             }
         } else if let Ok(t) = m.modified()
+            && !test_only(p)
             && best.as_ref().is_none_or(|(b, _)| t > *b)
         {
             *best = Some((t, p.to_path_buf()));
