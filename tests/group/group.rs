@@ -8,8 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::*;
 use vramcap_common::group_ledger::{self as group, file, shm};
 
-const CLIENTS: [&str; 3] = ["client_linked", "client_dlsym", "client_procaddr"];
-
 fn member(client: &str, dir: &Path, name: &str, limit: Option<&str>) -> Run {
     let r = Run::client(client).env("VRAMCAP_GROUP", name).env("VRAMCAP_GROUP_DIR", dir);
     match limit {

@@ -8,18 +8,10 @@
 use vramcap_tests::common;
 use common::*;
 
-const CLIENTS: [&str; 3] = ["client_linked", "client_dlsym", "client_procaddr"];
-
 // 1024² floats, 10 layers, 4 levels: 10 × 4 × (1024² + 512² + 256² + 128²) bytes.
 const LAYERED: u64 = 10 * 4 * (1024 * 1024 + 512 * 512 + 256 * 256 + 128 * 128);
 // 512² floats, a cubemap (6 faces), 3 levels.
 const CUBE: u64 = 6 * 4 * (512 * 512 + 256 * 256 + 128 * 128);
-
-fn run(client: &str, limit: &str, ops: &str) -> Output {
-    let out = Run::client(client).env("VRAMCAP_LIMIT", limit).args([ops]).run();
-    out.ok();
-    out
-}
 
 fn rcs(out: &Output, op: &str) -> Vec<i64> {
     out.of(op).iter().map(|l| l.rc()).collect()
@@ -36,13 +28,13 @@ fn layered_and_cubemap_mipmapped_arrays_keep_every_layer_at_every_level() {
         assert_eq!(out.nth("stats", 1).num("bytes_held"), LAYERED + CUBE, "{c} bare");
     }
     for c in CLIENTS {
-        let out = run(c, "64m", "init ctx 0 arrayx 1024 1024 10 4 1 info arrayx 512 512 6 3 4 info mipfree 1 mipfree 0 info");
+        let out = run_capped(c, "64m", "init ctx 0 arrayx 1024 1024 10 4 1 info arrayx 512 512 6 3 4 info mipfree 1 mipfree 0 info");
         assert_eq!(rcs(&out, "array"), vec![0, 0], "{c}: {}", out.stdout);
         assert_eq!(64 * MIB - out.nth("info", 0).num("free"), LAYERED, "{c}: layered, charged as the device holds it");
         assert_eq!(64 * MIB - out.nth("info", 1).num("free"), LAYERED + CUBE, "{c}: cubemap");
         assert_eq!(out.nth("info", 2).num("free"), 64 * MIB, "{c}: both given back");
         // Past the cap by what the halved layers would have hidden: denied, and the device agrees.
-        let out = run(c, "64m", "init ctx 0 arrayx 1024 1024 10 4 1 alloc 11m stats 0");
+        let out = run_capped(c, "64m", "init ctx 0 arrayx 1024 1024 10 4 1 alloc 11m stats 0");
         assert_eq!(rcs(&out, "alloc"), vec![2], "{c}: {}", out.stdout);
         assert!(out.nth("stats", 0).num("peak") <= 64 * MIB, "{c}: the device held more than the cap");
     }
@@ -59,12 +51,12 @@ fn sparse_and_deferred_mapping_arrays_take_no_memory_until_mapped() {
         assert_eq!(out.nth("stats", 0).num("bytes_held"), 0, "{c} bare: no physical backing");
     }
     for c in CLIENTS {
-        let out = run(c, "256m", ops);
+        let out = run_capped(c, "256m", ops);
         assert_eq!(rcs(&out, "array"), vec![0, 0, 0], "{c}: no false out-of-memory: {}", out.stdout);
         assert_eq!(out.nth("info", 0).num("free"), 256 * MIB, "{c}: nothing charged");
         assert_eq!(rcs(&out, "alloc"), vec![0], "{c}");
         // The same array with backing is charged in full.
-        let out = run(c, "256m", "init ctx 0 arrayx 16384 16384 0 0 0");
+        let out = run_capped(c, "256m", "init ctx 0 arrayx 16384 16384 0 0 0");
         assert_eq!(rcs(&out, "array"), vec![2], "{c}: {}", out.stdout);
     }
 }
@@ -89,7 +81,7 @@ fn mipmapped_level_counts_are_clamped_as_documented() {
     }
     for c in CLIENTS {
         // ~42.7 MiB under a 64 MiB cap: it fits, however many levels are asked for.
-        let out = run(c, "64m", "init ctx 0 mipmap 4096 2048 65 info mipfree 0 mipmap 4096 2048 4294967295 info mipfree 1 mipmap 4096 2048 0 info");
+        let out = run_capped(c, "64m", "init ctx 0 mipmap 4096 2048 65 info mipfree 0 mipmap 4096 2048 4294967295 info mipfree 1 mipmap 4096 2048 0 info");
         assert_eq!(rcs(&out, "array"), vec![0, 0, 0], "{c}: no false out-of-memory: {}", out.stdout);
         assert_eq!(64 * MIB - out.nth("info", 0).num("free"), full, "{c}: charged as the device holds it");
         assert_eq!(64 * MIB - out.nth("info", 1).num("free"), full, "{c}");

@@ -5,14 +5,6 @@
 use vramcap_tests::common;
 use common::*;
 
-const CLIENTS: [&str; 3] = ["client_linked", "client_dlsym", "client_procaddr"];
-
-fn run(client: &str, limit: &str, ops: &str) -> Output {
-    let out = Run::client(client).env("VRAMCAP_LIMIT", limit).args([ops]).run();
-    out.ok();
-    out
-}
-
 fn rcs(out: &Output, op: &str) -> Vec<i64> {
     out.of(op).iter().map(|l| l.rc()).collect()
 }
@@ -21,7 +13,7 @@ fn rcs(out: &Output, op: &str) -> Vec<i64> {
 fn pitch_is_charged_pitch_times_height() {
     for c in CLIENTS {
         // 1000-byte rows get a 1024-byte pitch: 1024 × 32768 = 32 MiB each; the cap holds two.
-        let out = run(c, "64m", "init ctx 0 pitch 1000 32768 pitch 1000 32768 info pitch 1000 1 free 0 pitch 1000 32768 stats 0");
+        let out = run_capped(c, "64m", "init ctx 0 pitch 1000 32768 pitch 1000 32768 info pitch 1000 1 free 0 pitch 1000 32768 stats 0");
         assert_eq!(rcs(&out, "pitch"), vec![0, 0, 2, 0], "{c}");
         assert_eq!(out.nth("pitch", 0).num("pitch"), 1024);
         assert_eq!(out.nth("info", 0).num("free"), 0, "{c}: exactly pitch × height charged");
@@ -32,7 +24,7 @@ fn pitch_is_charged_pitch_times_height() {
 #[test]
 fn managed_memory_counts_as_device_memory() {
     for c in CLIENTS {
-        let out = run(c, "64m", "init ctx 0 managed 48m managed 32m free 0 managed 32m info");
+        let out = run_capped(c, "64m", "init ctx 0 managed 48m managed 32m free 0 managed 32m info");
         assert_eq!(rcs(&out, "managed"), vec![0, 2, 0], "{c}");
         assert_eq!(out.nth("info", 0).num("free"), 32 * MIB, "{c}");
     }
@@ -41,7 +33,7 @@ fn managed_memory_counts_as_device_memory() {
 #[test]
 fn vmm_handles_are_charged_once_however_often_mapped() {
     for c in CLIENTS {
-        let out = run(
+        let out = run_capped(
             c,
             "64m",
             "init ctx 0 vmm 48m 0 vmmmap 0 info vmm 32m 0 vmmhost 32m release 0 vmm 32m 0 vmm 32m 0 vmm 2m 0 info",
@@ -59,7 +51,7 @@ fn vmm_handles_are_charged_once_however_often_mapped() {
 fn async_allocations_charge_what_the_default_pool_reserves() {
     for c in CLIENTS {
         // Default pool (release threshold 0): freed memory stays reserved until a synchronize.
-        let out = run(
+        let out = run_capped(
             c,
             "64m",
             "init ctx 0 async 40m asyncp 30m freeasync 0 info async 40m sync info \
@@ -77,7 +69,7 @@ fn async_allocations_charge_what_the_default_pool_reserves() {
 #[test]
 fn a_pool_that_keeps_memory_stays_charged_until_trimmed() {
     for c in CLIENTS {
-        let out = run(
+        let out = run_capped(
             c,
             "64m",
             "init ctx 0 poolcreate 0 keep 0 palloc 0 40m freeasync 0 sync info reserved 0 \
@@ -99,7 +91,7 @@ fn a_pool_that_keeps_memory_stays_charged_until_trimmed() {
 fn repeated_async_alloc_free_never_fails_falsely() {
     // The HAMi-core false-OOM regression: a cap just above one allocation.
     for c in CLIENTS {
-        let out = run(c, "65m", "init ctx 0 cycles 10000 64m 0 cycles 10000 64m 1 cycles 2000 64m 7 info");
+        let out = run_capped(c, "65m", "init ctx 0 cycles 10000 64m 0 cycles 10000 64m 1 cycles 2000 64m 7 info");
         for l in out.of("cycles") {
             assert_eq!((l.num("oom"), l.num("other")), (0, 0), "{c}: {l:?}");
         }
@@ -112,7 +104,7 @@ fn repeated_async_alloc_free_never_fails_falsely() {
 fn arrays_are_charged_from_their_descriptor() {
     for c in CLIENTS {
         // float 2048 × 4096 = 32 MiB; 3D 1024 × 1024 × 8 × 4 = 32 MiB; mipmap 1024² floats = 4 MiB + 1/3.
-        let out = run(
+        let out = run_capped(
             c,
             "64m",
             "init ctx 0 array 2048 4096 array3d 1024 1024 8 mipmap 1024 1024 4 arrfree 1 mipmap 1024 1024 4 info",
@@ -131,17 +123,17 @@ fn arrays_are_charged_from_their_descriptor() {
 fn legacy_abis_are_capped_like_the_current_ones() {
     for c in CLIENTS {
         // 1000-byte rows → 1024-byte pitch: 1024 × 32768 = 32 MiB each; the cap holds two.
-        let out = run(c, "64m", "init ctx 0 pitch1 1000 32768 pitch 1000 32768 pitch1 1000 1 free 0 pitch1 1000 32768 info stats 0");
+        let out = run_capped(c, "64m", "init ctx 0 pitch1 1000 32768 pitch 1000 32768 pitch1 1000 1 free 0 pitch1 1000 32768 info stats 0");
         assert_eq!(rcs(&out, "pitch1"), vec![0, 2, 0], "{c}");
         assert_eq!(out.nth("pitch1", 0).num("pitch"), 1024, "{c}");
         assert_eq!(out.nth("info", 0).num("free"), 0, "{c}: exactly pitch × height charged");
         assert_eq!(out.nth("stats", 0).num("alloc_calls"), 3, "{c}: the denial never reached the driver");
         // float 2048 × 4096 = 32 MiB; 3D 1024 × 1024 × 8 floats = 32 MiB; a third does not fit.
-        let out = run(c, "64m", "init ctx 0 array1 2048 4096 array3d1 1024 1024 8 array1 1 1 arrfree 0 array1 2048 4096 info");
+        let out = run_capped(c, "64m", "init ctx 0 array1 2048 4096 array3d1 1024 1024 8 array1 1 1 arrfree 0 array1 2048 4096 info");
         assert_eq!(rcs(&out, "array1"), vec![0, 0, 2, 0], "{c}");
         assert_eq!(out.nth("info", 0).num("free"), 0, "{c}");
         // Host memory and IPC through the legacy ABIs: work, traced, never counted.
-        let out = run(c, "1m", "init ctx 0 host1 64m info");
+        let out = run_capped(c, "1m", "init ctx 0 host1 64m info");
         assert_eq!(out.nth("host1", 0).rc(), 0, "{c}");
         assert_eq!(out.nth("info", 0).num("free"), MIB, "{c}");
         assert!(!out.stderr.contains("vramcap"), "{c}: {}", out.stderr);
@@ -153,7 +145,7 @@ fn destroying_a_context_releases_its_charges() {
     for c in CLIENTS {
         // The context's own memory goes with it; the VMM handle (slot 2) is the device's and stays
         // until released (tests/preload/lifetimes_ctx.rs has the other ways a context ends).
-        let out = run(
+        let out = run_capped(
             c,
             "64m",
             "init ctx 0 newctx 0 alloc 32m array 2048 2048 vmm 16m 0 alloc 1m ctxdestroy 0 ctx 0 info alloc 60m \
@@ -162,7 +154,7 @@ fn destroying_a_context_releases_its_charges() {
         assert_eq!(rcs(&out, "alloc"), vec![0, 2, 2, 0], "{c}");
         assert_eq!(out.nth("ctxdestroy", 0).rc(), 0);
         assert_eq!(out.nth("info", 0).num("free"), 48 * MIB, "{c}");
-        let out = run(c, "64m", "init ctx 0 alloc 60m reset 0 ctx 0 info alloc 60m");
+        let out = run_capped(c, "64m", "init ctx 0 alloc 60m reset 0 ctx 0 info alloc 60m");
         assert_eq!(rcs(&out, "alloc"), vec![0, 0], "{c}: a primary context reset releases too");
     }
 }
@@ -170,7 +162,7 @@ fn destroying_a_context_releases_its_charges() {
 #[test]
 fn host_and_ipc_memory_is_not_counted() {
     for c in CLIENTS {
-        let out = run(c, "1m", "init ctx 0 host 64m info");
+        let out = run_capped(c, "1m", "init ctx 0 host 64m info");
         assert_eq!(out.nth("host", 0).rc(), 0, "{c}");
         assert_eq!(out.nth("info", 0).num("free"), MIB, "{c}");
     }
@@ -246,7 +238,7 @@ fn nvml_before_cuda_shows_the_cap() {
 fn sparse_array_mappings_are_refused_before_the_driver_sees_them() {
     let ops = "init ctx 0 maparray maparrayp calls cuMemMapArrayAsync calls cuMemMapArrayAsync_ptsz";
     for c in CLIENTS {
-        let out = run(c, "256m", ops);
+        let out = run_capped(c, "256m", ops);
         assert_eq!(rcs(&out, "maparray"), vec![801, 801], "{c}: CUDA_ERROR_NOT_SUPPORTED");
         assert_eq!(out.nth("calls", 0).num("n"), 0, "{c}: the driver never read the list");
         assert_eq!(out.nth("calls", 1).num("n"), 0, "{c}: nor the _ptsz one's");

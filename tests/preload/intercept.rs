@@ -4,8 +4,6 @@
 use vramcap_tests::common;
 use common::*;
 
-const CLIENTS: [&str; 3] = ["client_linked", "client_dlsym", "client_procaddr"];
-
 #[test]
 fn all_three_paths_are_capped_without_calling_the_driver_on_denial() {
     for client in CLIENTS {

@@ -8,8 +8,6 @@
 use vramcap_tests::common;
 use common::*;
 
-const CLIENTS: [&str; 3] = ["client_linked", "client_dlsym", "client_procaddr"];
-
 /// Runs `ops` under the cap and on the bare 256 MiB driver; checks the result codes of `op` are
 /// `want` in both, and that both end with the same free memory.
 fn agree(ops: &str, checks: &[(&str, &[i64])]) {

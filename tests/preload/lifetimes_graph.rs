@@ -9,14 +9,6 @@
 use vramcap_tests::common;
 use common::*;
 
-const CLIENTS: [&str; 3] = ["client_linked", "client_dlsym", "client_procaddr"];
-
-fn run(client: &str, limit: &str, ops: &str) -> Output {
-    let out = Run::client(client).env("VRAMCAP_LIMIT", limit).args([ops]).run();
-    out.ok();
-    out
-}
-
 fn bare(client: &str, ops: &str) -> Output {
     let out = Run::client(client).bare().args([ops]).run();
     out.ok();
@@ -42,7 +34,7 @@ fn memory_nodes_nested_in_moved_child_graphs_are_charged_at_launch() {
     for c in CLIENTS {
         for (depth, variant) in [(1, 0), (2, 2), (5, 3)] {
             let ops = format!("init ctx 0 alloc 100m gx 0 200m 1 {depth} {variant} 0 glaunch 0 stats 0 free 0 glaunch 0 info");
-            let out = run(c, "256m", &ops);
+            let out = run_capped(c, "256m", &ops);
             let ctx = format!("{c} depth {depth} variant {variant}: {}", out.stdout);
             assert_eq!(out.nth("graph", 0).rc(), 0, "{ctx}");
             assert_eq!(rcs(&out, "glaunch"), vec![2, 0], "{ctx}: denied past the cap, then granted");
@@ -61,13 +53,13 @@ fn an_upload_at_instantiation_is_charged_there() {
     }
     for c in CLIENTS {
         for variant in [2, 3] {
-            let out = run(c, "256m", &format!("init ctx 0 gx 0 200m 1 1 {variant} 2 info alloc 100m stats 0 glaunch 0 stats 0"));
+            let out = run_capped(c, "256m", &format!("init ctx 0 gx 0 200m 1 1 {variant} 2 info alloc 100m stats 0 glaunch 0 stats 0"));
             let ctx = format!("{c} variant {variant}: {}", out.stdout);
             assert_eq!(out.nth("graph", 0).rc(), 0, "{ctx}");
             assert_eq!(out.nth("info", 0).num("free"), 56 * MIB, "{ctx}: charged at instantiation");
             assert!(peak(&out, 0) <= 256 * MIB && peak(&out, 1) <= 256 * MIB, "{ctx}: the device held more than the cap");
             // Past the cap already: the upload is refused before the driver backs anything.
-            let out = run(c, "256m", &format!("init ctx 0 alloc 100m gx 0 200m 1 0 {variant} 2 gmem 0 stats 0"));
+            let out = run_capped(c, "256m", &format!("init ctx 0 alloc 100m gx 0 200m 1 0 {variant} 2 gmem 0 stats 0"));
             let ctx = format!("{c} variant {variant}: {}", out.stdout);
             assert_eq!(out.nth("graph", 0).rc(), 2, "{ctx}: CUDA_ERROR_OUT_OF_MEMORY");
             assert_eq!(out.nth("gmem", 0).num("reserved"), 0, "{ctx}: never reached the driver");
@@ -85,7 +77,7 @@ fn relaunching_an_auto_free_graph_reuses_what_the_last_launch_left() {
     for c in CLIENTS {
         for variant in [0, 2, 3] {
             let ops = format!("init ctx 0 gx 0 200m 0 0 {variant} 1 glaunch 0 info glaunch 0 info glaunch 0 stats 0");
-            let out = run(c, "256m", &ops);
+            let out = run_capped(c, "256m", &ops);
             let ctx = format!("{c} variant {variant}: {}", out.stdout);
             assert_eq!(rcs(&out, "glaunch"), vec![0, 0, 0], "{ctx}: no false out-of-memory");
             assert_eq!(out.nth("info", 1).num("free"), 56 * MIB, "{ctx}: one launch's memory, charged once");
@@ -93,7 +85,7 @@ fn relaunching_an_auto_free_graph_reuses_what_the_last_launch_left() {
         }
         // The application freed the memory and trimmed it away: the relaunch needs it all again,
         // and past the cap it is denied.
-        let out = run(c, "256m", "init ctx 0 gx 0 200m 0 0 0 1 glaunch 0 freeasync 0 gtrim 0 alloc 100m glaunch 0 stats 0");
+        let out = run_capped(c, "256m", "init ctx 0 gx 0 200m 0 0 0 1 glaunch 0 freeasync 0 gtrim 0 alloc 100m glaunch 0 stats 0");
         assert_eq!(rcs(&out, "alloc"), vec![0], "{c}: {}", out.stdout);
         assert_eq!(rcs(&out, "glaunch"), vec![0, 2], "{c}: {}", out.stdout);
         assert!(peak(&out, 0) <= 256 * MIB, "{c}: {} bytes reached the device", peak(&out, 0));
@@ -102,7 +94,7 @@ fn relaunching_an_auto_free_graph_reuses_what_the_last_launch_left() {
         let plain = bare(c, ops);
         assert_eq!(rcs(&plain, "glaunch"), vec![0, 0, 0], "{c} bare: {}", plain.stdout);
         assert_eq!(plain.nth("gmem", 0).num("reserved"), 400 * MIB, "{c} bare: the relaunch needed new memory");
-        let out = run(c, "256m", ops);
+        let out = run_capped(c, "256m", ops);
         assert_eq!(rcs(&out, "glaunch"), vec![0, 0, 2], "{c}: {}", out.stdout);
         assert!(peak(&out, 0) <= 256 * MIB, "{c}: {} bytes reached the device", peak(&out, 0));
     }
@@ -120,7 +112,7 @@ fn a_memory_node_past_a_million_other_nodes_is_still_charged() {
         assert_eq!(out.nth("gmem", 0).num("reserved"), 200 * MIB, "{c} bare: the launch allocated it");
     }
     for c in CLIENTS {
-        let out = run(c, "64m", ops);
+        let out = run_capped(c, "64m", ops);
         assert_eq!(out.nth("graph", 0).rc(), 0, "{c}: {}", out.stdout);
         assert_eq!(rcs(&out, "glaunch"), vec![2], "{c}: 200 MiB past a 64 MiB cap: {}", out.stdout);
         assert!(peak(&out, 0) <= 64 * MIB, "{c}: {} bytes reached the device", peak(&out, 0));
@@ -161,7 +153,7 @@ fn a_relaunch_credit_cannot_be_taken_by_another_thread_meanwhile() {
 fn concurrent_relaunches_of_one_auto_free_graph_stay_under_the_cap() {
     let ops = "init ctx 0 gx 0 200m 0 0 0 1 glaunch 0 gxstorm 0 16 200 gmem 0 stats 0 info";
     for c in CLIENTS {
-        let out = run(c, "256m", ops);
+        let out = run_capped(c, "256m", ops);
         let ctx = format!("{c}: {}", out.stdout);
         let s = out.nth("gxstorm", 0);
         assert_eq!(s.num("other"), 0, "{ctx}");
@@ -190,7 +182,7 @@ fn a_graph_updated_to_more_memory_is_charged_what_the_update_asks() {
         for (variant, v) in [(0, 1), (0, 2), (2, 2), (3, 1)] {
             let ops = format!("init ctx 0 gx 0 100m 1 0 {variant} 0 glaunch 0 gupdate 0 0 300m 1 {v} glaunch 0 stats 0 \
                                gupdate 0 0 50m 0 {v} glaunch 0 info");
-            let out = run(c, "256m", &ops);
+            let out = run_capped(c, "256m", &ops);
             let ctx = format!("{c} variant {variant} v{v}: {}", out.stdout);
             assert_eq!(out.nth("gupdate", 0).rc(), 0, "{ctx}");
             assert_eq!(rcs(&out, "glaunch")[..2], [0, 2], "{ctx}: 300 MiB past the cap, denied");

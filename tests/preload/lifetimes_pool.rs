@@ -9,14 +9,6 @@
 use vramcap_tests::common;
 use common::*;
 
-const CLIENTS: [&str; 3] = ["client_linked", "client_dlsym", "client_procaddr"];
-
-fn run(client: &str, limit: &str, ops: &str) -> Output {
-    let out = Run::client(client).env("VRAMCAP_LIMIT", limit).args([ops]).run();
-    out.ok();
-    out
-}
-
 fn rcs(out: &Output, op: &str) -> Vec<i64> {
     out.of(op).iter().map(|l| l.rc()).collect()
 }
@@ -30,7 +22,7 @@ fn peak(out: &Output, i: usize) -> u64 {
 fn a_destroyed_pool_keeps_its_memory_until_its_allocations_are_freed() {
     for c in CLIENTS {
         // 10 × (create a pool, take 200 MiB from it, destroy the pool without freeing).
-        let out = run(c, "256m", "init ctx 0 poolburst 0 10 200m info stats 0 freeasync 0 info poolburst 0 1 200m stats 0");
+        let out = run_capped(c, "256m", "init ctx 0 poolburst 0 10 200m info stats 0 freeasync 0 info poolburst 0 1 200m stats 0");
         let burst = out.nth("poolburst", 0);
         assert_eq!((burst.num("ok"), burst.num("oom"), burst.num("other")), (1, 9, 0), "{c}: {}", out.stdout);
         assert_eq!(out.nth("info", 0).num("free"), 56 * MIB, "{c}: the destroyed pool's memory is still charged");
@@ -96,7 +88,7 @@ fn stream_ordered_memory_belongs_to_the_streams_and_the_pools_device() {
     }
     for c in CLIENTS {
         // A device's current pool, learned through cuDeviceGetMemPool while device 0 is current.
-        let out = run(c, "0=1g,1=256m", "init ctx 0 curpool 1 palloc 0 200m palloc 0 100m info");
+        let out = run_capped(c, "0=1g,1=256m", "init ctx 0 curpool 1 palloc 0 200m palloc 0 100m info");
         assert_eq!(rcs(&out, "palloc"), vec![0, 2], "{c}: the pool is device 1's");
         assert_eq!(out.nth("info", 0).num("free"), GIB, "{c}");
     }
@@ -107,7 +99,7 @@ fn a_fragmented_pool_cannot_grow_past_the_cap() {
     for c in CLIENTS {
         // A pool that keeps freed memory; each request (100, 102, … MiB) fits no freed block, so
         // the pool grows on every call although its free bytes add up (1.8 GiB on the old code).
-        let out = run(c, "256m", "init ctx 0 frag 18 100m 2m stats 0 info");
+        let out = run_capped(c, "256m", "init ctx 0 frag 18 100m 2m stats 0 info");
         let f = out.nth("frag", 0);
         assert_eq!((f.num("ok"), f.num("oom"), f.num("other")), (18, 0, 0), "{c}: trimmed, never denied");
         assert!(peak(&out, 0) <= 256 * MIB, "{c}: {} MiB reached the device", peak(&out, 0) / MIB);
@@ -120,7 +112,7 @@ fn racing_threads_never_pass_the_cap() {
     for c in CLIENTS {
         for round in 0..8 {
             // The pool holds a freed 40 MiB block that "fits" every request; 16 threads race.
-            let out = run(c, "256m", "init ctx 0 asyncrace 16 20m 40m stats 0");
+            let out = run_capped(c, "256m", "init ctx 0 asyncrace 16 20m 40m stats 0");
             let r = out.nth("asyncrace", 0);
             assert_eq!(r.num("ok") + r.num("oom"), 16, "{c} round {round}: {}", out.stdout);
             assert!((1..=12).contains(&r.num("ok")), "{c} round {round}: {}", out.stdout);
@@ -132,7 +124,7 @@ fn racing_threads_never_pass_the_cap() {
 #[test]
 fn pools_beyond_any_table_size_are_counted() {
     for c in CLIENTS {
-        let out = run(c, "256m", "init ctx 0 manypools 300 40m stats 0");
+        let out = run_capped(c, "256m", "init ctx 0 manypools 300 40m stats 0");
         let m = out.nth("manypools", 0);
         assert_eq!(m.num("created"), 300);
         assert_eq!((m.num("ok"), m.num("oom"), m.num("other")), (6, 294, 0), "{c}: the 257th pool too");
@@ -144,11 +136,11 @@ fn pools_beyond_any_table_size_are_counted() {
 fn a_pool_keeping_freed_memory_never_causes_a_false_denial() {
     for c in CLIENTS {
         // PyTorch's cudaMallocAsync backend: release threshold at max, freed blocks stay reserved.
-        let out = run(c, "256m", "init ctx 0 poolcreate 0 keep 0 palloc 0 200m freeasync 0 sync alloc 200m info stats 0");
+        let out = run_capped(c, "256m", "init ctx 0 poolcreate 0 keep 0 palloc 0 200m freeasync 0 sync alloc 200m info stats 0");
         assert_eq!(rcs(&out, "alloc"), vec![0], "{c}: the driver would have trimmed the pool; so do we");
         assert_eq!(out.nth("info", 0).num("free"), 56 * MIB, "{c}");
         assert!(peak(&out, 0) <= 256 * MIB, "{c}");
-        let out = run(c, "256m", "init ctx 0 poolcreate 0 keep 0 palloc 0 200m freeasync 0 async 200m info");
+        let out = run_capped(c, "256m", "init ctx 0 poolcreate 0 keep 0 palloc 0 200m freeasync 0 async 200m info");
         assert_eq!(rcs(&out, "async"), vec![0], "{c}: another pool's request, same rule");
         assert_eq!(out.nth("info", 0).num("free"), 56 * MIB, "{c}");
     }
@@ -161,7 +153,7 @@ fn graph_memory_is_charged_when_a_launch_allocates_it() {
     for c in CLIENTS {
         for (variant, first, second) in [(0, "glaunch", "glaunchp"), (1, "gupload", "glaunch"), (2, "glaunchp", "guploadp"), (3, "glaunch", "glaunch"), (4, "guploadp", "glaunch")] {
             let ops = format!("init ctx 0 graph 0 200m 1 {variant} info {first} 0 info gmem 0 {second} 0 info alloc 100m info");
-            let out = run(c, "256m", &ops);
+            let out = run_capped(c, "256m", &ops);
             let ctx = format!("{c} variant {variant}: {}", out.stdout);
             assert_eq!(out.nth("graph", 0).rc(), 0, "{ctx}");
             assert_eq!(out.nth("info", 0).num("free"), 256 * MIB, "{ctx}: instantiation allocates nothing");
@@ -179,7 +171,7 @@ fn graph_memory_is_charged_when_a_launch_allocates_it() {
 #[test]
 fn a_launch_past_the_cap_is_denied_with_the_drivers_out_of_memory() {
     for c in CLIENTS {
-        let out = run(c, "256m", "init ctx 0 alloc 100m graph 0 200m 1 0 glaunch 0 gmem 0 stats 0 free 0 glaunch 0 gmem 0 info");
+        let out = run_capped(c, "256m", "init ctx 0 alloc 100m graph 0 200m 1 0 glaunch 0 gmem 0 stats 0 free 0 glaunch 0 gmem 0 info");
         assert_eq!(rcs(&out, "glaunch"), vec![2, 0], "{c}: CUDA_ERROR_OUT_OF_MEMORY, then granted");
         assert_eq!(out.nth("gmem", 0).num("reserved"), 0, "{c}: the denied launch never reached the driver");
         assert!(peak(&out, 0) <= 256 * MIB, "{c}");
@@ -191,7 +183,7 @@ fn a_launch_past_the_cap_is_denied_with_the_drivers_out_of_memory() {
 #[test]
 fn graph_allocations_the_graph_does_not_free_stay_charged_until_trimmed() {
     for c in CLIENTS {
-        let out = run(c, "256m", "init ctx 0 graph 0 100m 0 0 glaunch 0 info glaunch 0 freeasync 0 info gmem 0 gtrim 0 info");
+        let out = run_capped(c, "256m", "init ctx 0 graph 0 100m 0 0 glaunch 0 info glaunch 0 freeasync 0 info gmem 0 gtrim 0 info");
         assert_eq!(rcs(&out, "glaunch"), vec![0, 1], "{c}: relaunching before the free is the driver's error");
         assert_eq!(out.nth("info", 0).num("free"), 156 * MIB, "{c}");
         assert_eq!(out.nth("freeasync", 0).rc(), 0, "{c}");
@@ -205,7 +197,7 @@ fn graph_allocations_the_graph_does_not_free_stay_charged_until_trimmed() {
 fn captured_allocations_are_charged_at_launch_not_at_capture() {
     for c in CLIENTS {
         // Capturing near the cap allocates nothing, so it is not refused; the launch is.
-        let out = run(c, "256m", "init ctx 0 alloc 200m capture 100m 1 info glaunch 0 free 0 glaunch 0 info stats 0");
+        let out = run_capped(c, "256m", "init ctx 0 alloc 200m capture 100m 1 info glaunch 0 free 0 glaunch 0 info stats 0");
         assert_eq!(out.nth("capture", 0).rc(), 0, "{c}: {}", out.stdout);
         assert_eq!(out.nth("info", 0).num("free"), 56 * MIB, "{c}");
         assert_eq!(rcs(&out, "glaunch"), vec![2, 0], "{c}");
@@ -217,7 +209,7 @@ fn captured_allocations_are_charged_at_launch_not_at_capture() {
 #[test]
 fn cuda_13_synchronize_is_wrapped_and_the_process_stays_quiet() {
     for c in CLIENTS {
-        let out = run(c, "64m", "init ctx 0 async 40m freeasync 0 info ctxsync2 info");
+        let out = run_capped(c, "64m", "init ctx 0 async 40m freeasync 0 info ctxsync2 info");
         assert_eq!(out.nth("sync", 0).rc(), 0, "{c}");
         assert_eq!(out.nth("info", 0).num("free"), 24 * MIB, "{c}");
         assert_eq!(out.nth("info", 1).num("free"), 64 * MIB, "{c}: given back at cuCtxSynchronize_v2");
@@ -248,7 +240,7 @@ fn nvidia_cuda_bindings_pools_and_graphs_follow_the_lifetimes() {
 fn a_capture_on_the_per_thread_default_stream_allocates_nothing() {
     let ops = "init ctx 0 alloc 200m ptcapture 100m info glaunch 0 free 0 glaunch 0 info stats 0";
     for c in CLIENTS {
-        let out = run(c, "256m", ops);
+        let out = run_capped(c, "256m", ops);
         assert_eq!(out.nth("capture", 0).rc(), 0, "{c}: {}", out.stdout);
         assert_eq!(out.nth("info", 0).num("free"), 56 * MIB, "{c}: the capture is not charged");
         assert_eq!(rcs(&out, "glaunch"), vec![2, 0], "{c}: the launch is");
@@ -268,7 +260,7 @@ fn a_capture_on_the_per_thread_default_stream_allocates_nothing() {
 fn a_captured_pool_allocation_never_launched_does_not_keep_a_destroyed_pools_charge() {
     let ops = "init ctx 0 poolcreate 0 palloc 0 100m freeasync 0 pcapture 0 100m pooldestroy 0 info alloc 200m stats 0";
     for c in CLIENTS {
-        let out = run(c, "256m", ops);
+        let out = run_capped(c, "256m", ops);
         assert_eq!(out.nth("capture", 0).rc(), 0, "{c}: {}", out.stdout);
         assert_eq!(out.nth("pooldestroy", 0).rc(), 0, "{c}");
         assert_eq!(out.nth("info", 0).num("free"), 256 * MIB, "{c}: the destroyed pool's charge went");

@@ -7,8 +7,6 @@
 use vramcap_tests::common;
 use common::*;
 
-const CLIENTS: [&str; 3] = ["client_linked", "client_dlsym", "client_procaddr"];
-
 /// `CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN`; its id is `deviceId | localityDomainId << 8`.
 const DOMAIN: u32 = 6;
 

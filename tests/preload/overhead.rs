@@ -10,8 +10,6 @@
 use vramcap_tests::common;
 use common::*;
 
-const CLIENTS: [&str; 3] = ["client_linked", "client_dlsym", "client_procaddr"];
-
 /// Runs `ops` under a `cap` on a 16 GiB device and on the bare driver with `cap` of memory, with
 /// contexts of `ctx` bytes; checks the result codes of each `op` are as `want` in both, that both
 /// end with the same free memory, and that the capped run never held more than the cap

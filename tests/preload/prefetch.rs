@@ -9,7 +9,6 @@
 use vramcap_tests::common;
 use common::*;
 
-const CLIENTS: [&str; 3] = ["client_linked", "client_dlsym", "client_procaddr"];
 /// Device 0 can hold the whole allocation; device 1's cap is the 256 MiB.
 const LIMITS: &str = "0=1g,1=256m";
 

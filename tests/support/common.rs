@@ -263,6 +263,18 @@ pub fn in_pid_namespace(client: &str, own_proc: bool, ops: &str) -> Run {
     Run::program(Path::new("unshare")).args([flags]).args([ctests_dir().join(client).to_str().unwrap(), ops])
 }
 
+/// The three ways a program reaches the driver, one C client each: linked against libcuda.so.1,
+/// `dlopen`+`dlsym`, and `cuGetProcAddress_v2` on an `RTLD_LOCAL` handle (what the CUDA runtime
+/// does). A rule of the cap holds only if it holds on all three.
+pub const CLIENTS: [&str; 3] = ["client_linked", "client_dlsym", "client_procaddr"];
+
+/// `client` running `ops` under `VRAMCAP_LIMIT=limit`, checked to have run to its end.
+pub fn run_capped(client: &str, limit: &str, ops: &str) -> Output {
+    let out = Run::client(client).env("VRAMCAP_LIMIT", limit).args([ops]).run();
+    out.ok();
+    out
+}
+
 /// A fresh directory under the system temp dir (removed by the OS's tmp cleaning, tiny).
 pub fn private_group_dir() -> PathBuf {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
