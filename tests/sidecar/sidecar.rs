@@ -562,9 +562,14 @@ fn a_changed_group_budget_shows_on_metrics_and_in_top() {
     let o = Command::new(vramcap_bin()).args(["limit", "--group", "live", "--group-dir", groups.to_str().unwrap(), "300m"]).output().unwrap();
     assert!(o.status.success(), "{o:?}");
     wait_until("the new budget on /metrics", Duration::from_secs(20), || budget() == Some(300 * MIB));
+    // The member's row fills towards the budget; the line under it names the group's budget.
     let top = || {
         let out = Command::new(vramcap_bin()).args(["top", "--once", "--socket"]).arg(&sc.socket).output().unwrap();
-        String::from_utf8_lossy(&out.stdout).lines().find(|l| l.trim_start().starts_with(&pa)).unwrap_or_default().to_string()
+        String::from_utf8_lossy(&out.stdout).to_string()
     };
-    wait_until("the new budget in top", Duration::from_secs(20), || top().contains("10.0 MiB / 300.0 MiB group"));
+    wait_until("the new budget in top", Duration::from_secs(20), || {
+        let t = top();
+        let row = t.lines().find(|l| l.trim_start().starts_with(&pa)).unwrap_or_default().to_string();
+        row.contains("10.0 MiB / 300.0 MiB") && t.contains("group \"live\": budget 300.0 MiB")
+    });
 }
