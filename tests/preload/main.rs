@@ -21,4 +21,3 @@ mod lookups;
 mod numba;
 mod observe;
 mod prefetch;
-mod overhead;
