@@ -125,6 +125,9 @@ static void config_load_once(void)
         else
             bad_var("FAKECUDA_MEM", v);
     }
+    /* What one context costs on its device (0 or a size; unset: 0, as the fake always was). */
+    if ((v = getenv("FAKECUDA_CTX_BYTES")) && strcmp(v, "0") != 0 && parse_size(v, &fc_cfg.ctx_bytes))
+        bad_var("FAKECUDA_CTX_BYTES", v);
     if ((v = getenv("FAKECUDA_DRIVER_VERSION"))) {
         if (parse_int(v, 1, INT_MAX, &n) == 0)
             fc_cfg.driver_version = (int)n;

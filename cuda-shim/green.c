@@ -114,6 +114,8 @@ FC_API CUresult cuDevResourceGenerateDesc(CUdevResourceDesc *phDesc, CUdevResour
 FC_API CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice dev, unsigned int flags)
 {
     struct fc_green *g;
+    struct fc_ctx *primary;
+    CUresult rc;
 
     FC_COUNT(cuGreenCtxCreate);
     DEV_CHECK(phCtx, dev);
@@ -121,10 +123,14 @@ FC_API CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUde
         return CUDA_ERROR_INVALID_VALUE;
     if (!(g = calloc(1, sizeof *g)))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    /* It retains the primary context, which its creation may create (and find no room for). */
+    if ((rc = fc_primary_retain(dev, &primary)) != CUDA_SUCCESS) {
+        free(g);
+        return rc;
+    }
     g->magic = GREEN_MAGIC;
     g->ctx.dev = dev;
     g->ctx.primary = 1;         /* "treated as if it were a primary context" */
-    fc_primary_retain(dev);
     pthread_mutex_lock(&g_green_lock);
     g->next = g_greens;
     g_greens = g;

@@ -199,3 +199,20 @@ pub struct nvmlPciInfo_t {
     pub pci_sub_system_id: c_uint,
     pub bus_id: [std::ffi::c_char; 32],
 }
+
+// Modules and per-context limits (issue 24: memory no allocation returns).
+pub type CUmodule = *mut c_void;
+pub type CUlimit = c_int;
+pub type CUjit_option = c_int;
+/// `nvmlProcessInfo_t` as `nvmlDeviceGetComputeRunningProcesses_v3` fills it.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct nvmlProcessInfo_t {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+pub const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
+/// `usedGpuMemory` when NVML cannot say (e.g. without the rights to see other processes).
+pub const NVML_VALUE_NOT_AVAILABLE: u64 = u64::MAX;

@@ -444,6 +444,27 @@ extern "C" fn after_fork_child() {
     }
 }
 
+/// Of what this process holds on each device, the part the driver took beyond allocations
+/// (contexts, modules, per-context reservations: `intercept::overhead` keeps it). Off the
+/// allocation path: moved only by those rare calls, read by views and reports.
+static OVERHEAD: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+pub fn overhead(dev: usize) -> u64 {
+    OVERHEAD.get(dev).map_or(0, |o| o.load(Ordering::Acquire))
+}
+
+pub fn add_overhead(dev: usize, bytes: u64) {
+    if let Some(o) = OVERHEAD.get(dev) {
+        o.fetch_add(bytes, Ordering::AcqRel);
+    }
+}
+
+pub fn sub_overhead(dev: usize, bytes: u64) {
+    if let Some(o) = OVERHEAD.get(dev) {
+        sub_saturating(o, bytes);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

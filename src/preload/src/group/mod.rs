@@ -13,6 +13,7 @@
 //! the memory (issue 15). Whoever next needs the budget (a member about to be denied, or the
 //! sidecar's sweep) finds the dead member by [`liveness`] and reclaims it.
 
+pub mod peek;
 pub mod pressure;
 pub mod sharing;
 
@@ -79,6 +80,19 @@ pub fn observing() -> bool {
     }
 }
 
+/// The largest context a member of the group measured on `dev` (0: none, or no group).
+pub fn context_estimate(dev: usize) -> u64 {
+    let (Some(s), Some(e)) = (shared(), entry(dev)) else { return 0 };
+    s.devices[e].context_bytes.load(Acquire)
+}
+
+/// A context measured `bytes` on `dev`: later members reserve at least that before making one.
+pub fn note_context(dev: usize, bytes: u64) {
+    if let (Some(s), Some(e)) = (shared(), entry(dev)) {
+        s.devices[e].context_bytes.fetch_max(bytes, AcqRel);
+    }
+}
+
 /// Like [`view`], but `used` is what this member cannot have: `limit − used` is what it could
 /// get now under the group's rules (the budget it may fill, less what the group holds and
 /// others' unmet reserves, plus its own unmet reserve, within its `equal` share).
@@ -107,6 +121,18 @@ fn container_name() -> String {
     format!("hami-{:016x}", shm::device_key(&cg))
 }
 
+/// The group's name and its ledger's path. HAMi's shared cache names the ledger itself: every
+/// process given that file shares it.
+fn ledger_path(cfg: &GroupConfig) -> (String, std::path::PathBuf) {
+    let name = match (&cfg.name, &cfg.ledger) {
+        (Some(n), _) => n.clone(),
+        (None, Some(l)) => format!("hami-{:016x}", shm::device_key(l)),
+        (None, None) => container_name(),
+    };
+    let path = cfg.ledger.as_ref().map_or_else(|| file::path_for(&cfg.dir, &name), std::path::PathBuf::from);
+    (name, path)
+}
+
 /// Joins the group once the devices are known; `limits` are this process's resolved
 /// `VRAMCAP_GROUP_LIMIT` (bytes per visible device, 0 = none), `None` to adopt the group's.
 /// Racing first callers each do the whole job and publish with CAS: nobody waits.
@@ -116,16 +142,10 @@ pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>,
     if active() && MY_SLOT.load(Acquire) != NO_SLOT {
         return Ok(());
     }
-    // HAMi's shared cache names the ledger itself: every process given that file shares it.
-    let name = match (&cfg.name, &cfg.ledger) {
-        (Some(n), _) => n.clone(),
-        (None, Some(l)) => format!("hami-{:016x}", shm::device_key(l)),
-        (None, None) => container_name(),
-    };
+    let (name, path) = ledger_path(cfg);
     if cfg.ledger.is_none() && cfg.dir == crate::config::group::default_dir() {
         file::ensure_private_dir(&cfg.dir)?;
     }
-    let path = cfg.ledger.as_ref().map_or_else(|| file::path_for(&cfg.dir, &name), std::path::PathBuf::from);
     let m = file::open_or_create(&path, &name).map_err(|e| match &cfg.ledger {
         Some(l) => format!(
             "CUDA_DEVICE_MEMORY_SHARED_CACHE={l}: {e} (vramcap keeps the container's budget in this file in its own \

@@ -3,6 +3,7 @@
 //! in bookkeeping is contained by [`guarded`] and can never repeat or skip the driver call.
 
 pub mod arrays;
+pub mod books;
 pub mod charge;
 pub mod context;
 pub mod handles;
@@ -16,6 +17,8 @@ pub mod managed;
 pub mod mem;
 pub mod nvml;
 pub mod nvml_early;
+pub mod overhead;
+pub mod modules;
 pub mod pool;
 pub mod pool_table;
 pub mod pressure;

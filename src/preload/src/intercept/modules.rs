@@ -1,0 +1,181 @@
+//! Modules and per-context limits: the device memory they take is measured around the call and
+//! charged to the current context as overhead (`overhead`); one that does not fit is undone
+//! (the module unloaded, the limit put back) and refused with `CUDA_ERROR_OUT_OF_MEMORY`, which
+//! `cuModuleLoad*` and `cuCtxSetLimit` document. An unload, or a limit lowered, gives back what
+//! the books say the driver gave back.
+
+use super::context::serial;
+use super::{MISSING_REAL, Mode, current, guarded, mode, overhead};
+use crate::ffi::*;
+use crate::hooks::{Hook, import, real};
+use crate::ledger;
+use std::os::unix::ffi::OsStrExt;
+use crate::sync::Lock;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_uint, c_void};
+
+/// The context (and its device) each loaded module was loaded into.
+static MODULES: Lock<Option<HashMap<u64, (u64, usize)>>> = Lock::new(None);
+
+/// A call that may take memory for the current context: `estimate` (what it takes at least)
+/// reserved first, the rest measured and charged, undone if it does not fit. Without a current
+/// context the driver refuses the call itself.
+fn measured_call(
+    api: Hook,
+    estimate: impl FnOnce() -> u64,
+    call: impl FnOnce() -> CUresult,
+    undo: impl FnOnce(),
+    record: impl FnOnce(u64, usize),
+) -> CUresult {
+    if mode() != Mode::Enforce {
+        return call();
+    }
+    let _serial = serial();
+    let Some((dev, ctx)) = guarded(None, current) else { return call() };
+    if let Err(e) = super::init::ensure_limits() {
+        return e.code();
+    }
+    let probe = guarded(None, || Some(overhead::probe(dev)));
+    let est = guarded(0, estimate);
+    if est > 0
+        && let Err(d) = ledger::reserve(dev, est)
+    {
+        return guarded(CUDA_ERROR_OUT_OF_MEMORY, || overhead::deny(api, dev, est, &d));
+    }
+    let rc = call();
+    if rc != CUDA_SUCCESS {
+        ledger::unreserve(dev, est);
+        return rc;
+    }
+    let delta = probe.as_ref().and_then(|p| guarded(None, || overhead::measured(p, est)));
+    let fits = guarded(Ok(()), || match delta {
+        Some(d) if d < 0 => {
+            ledger::unreserve(dev, est);
+            overhead::shrink(api, ctx, (-d).min(u64::MAX as i128) as u64);
+            Ok(())
+        }
+        Some(d) => overhead::charge(api, ctx, dev, d.min(u64::MAX as i128) as u64, est, false),
+        // Unreadable books: at least what the image said.
+        None => overhead::charge(api, ctx, dev, est, est, false),
+    });
+    if fits.is_err() {
+        undo();
+        if let Some(p) = &probe {
+            guarded((), || overhead::settle_kept(api, ctx, p));
+        }
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    guarded((), || record(ctx, dev));
+    rc
+}
+
+fn load(api: Hook, module: *mut CUmodule, estimate: impl FnOnce() -> u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    measured_call(
+        api,
+        estimate,
+        call,
+        || {
+            if let Some(unload) = real::cuModuleUnload() {
+                unsafe { unload(*module) };
+            }
+        },
+        |ctx, dev| {
+            MODULES.lock().get_or_insert_with(HashMap::new).insert(unsafe { *module } as u64, (ctx, dev));
+        },
+    )
+}
+
+/// The globals of an image in memory. The driver requires a complete image, so an ELF image's
+/// headers can be read where they say they are; anything else is looked at one byte at a time
+/// and no further than its first byte that is not ELF's magic.
+fn image_globals(image: *const c_void) -> u64 {
+    if image.is_null() {
+        return 0;
+    }
+    let read = |off: u64, len: usize| {
+        let off = usize::try_from(off).ok()?;
+        Some(unsafe { std::slice::from_raw_parts((image as *const u8).add(off), len) }.to_vec())
+    };
+    overhead::elf_globals_in(&read).unwrap_or(0)
+}
+
+/// The globals of a module file, read with `pread` (headers only).
+fn file_globals(fname: *const c_char) -> u64 {
+    use std::os::unix::fs::FileExt;
+    if fname.is_null() {
+        return 0;
+    }
+    let path = std::ffi::OsStr::from_bytes(unsafe { std::ffi::CStr::from_ptr(fname) }.to_bytes());
+    let Ok(f) = std::fs::File::open(path) else { return 0 };
+    let read = |off: u64, len: usize| {
+        let mut buf = vec![0u8; len];
+        f.read_exact_at(&mut buf, off).ok().map(|()| buf)
+    };
+    overhead::elf_globals_in(&read).unwrap_or(0)
+}
+
+pub unsafe fn load_file(module: *mut CUmodule, fname: *const c_char) -> CUresult {
+    let Some(f) = real::cuModuleLoad() else { return MISSING_REAL };
+    load(Hook::cuModuleLoad, module, || file_globals(fname), || unsafe { f(module, fname) })
+}
+
+pub unsafe fn load_data(module: *mut CUmodule, image: *const c_void) -> CUresult {
+    let Some(f) = real::cuModuleLoadData() else { return MISSING_REAL };
+    load(Hook::cuModuleLoadData, module, || image_globals(image), || unsafe { f(module, image) })
+}
+
+pub unsafe fn load_data_ex(
+    module: *mut CUmodule,
+    image: *const c_void,
+    n: c_uint,
+    options: *mut CUjit_option,
+    values: *mut *mut c_void,
+) -> CUresult {
+    let Some(f) = real::cuModuleLoadDataEx() else { return MISSING_REAL };
+    load(Hook::cuModuleLoadDataEx, module, || image_globals(image), || unsafe { f(module, image, n, options, values) })
+}
+
+pub unsafe fn load_fat_binary(module: *mut CUmodule, fat: *const c_void) -> CUresult {
+    let Some(f) = real::cuModuleLoadFatBinary() else { return MISSING_REAL };
+    load(Hook::cuModuleLoadFatBinary, module, || image_globals(fat), || unsafe { f(module, fat) })
+}
+
+/// What the driver gives back at an unload is read from the books on the module's device.
+pub unsafe fn unload(module: CUmodule) -> CUresult {
+    let Some(f) = real::cuModuleUnload() else { return MISSING_REAL };
+    if mode() != Mode::Enforce {
+        return unsafe { f(module) };
+    }
+    let _serial = serial();
+    let owner = guarded(None, || MODULES.lock().as_ref().and_then(|m| m.get(&(module as u64)).copied()));
+    let probe = owner.and_then(|(_, dev)| guarded(None, || Some(overhead::probe(dev))));
+    let rc = unsafe { f(module) };
+    if rc == CUDA_SUCCESS {
+        guarded((), || {
+            MODULES.lock().as_mut().map(|m| m.remove(&(module as u64)));
+            if let (Some((ctx, _)), Some(p)) = (owner, &probe) {
+                let _ = overhead::settle(Hook::cuModuleUnload, ctx, p);
+            }
+        });
+    }
+    rc
+}
+
+/// `cuCtxSetLimit`: what a limit reserves (the stack at once; the heap and printf FIFO when a
+/// module is loaded, measured there) is measured; one that does not fit is set back.
+pub unsafe fn set_limit(limit: CUlimit, value: usize) -> CUresult {
+    let Some(f) = real::cuCtxSetLimit() else { return MISSING_REAL };
+    let mut old = 0usize;
+    let known = import::cuCtxGetLimit().is_some_and(|g| unsafe { g(&mut old, limit) } == CUDA_SUCCESS);
+    measured_call(
+        Hook::cuCtxSetLimit,
+        || 0,
+        || unsafe { f(limit, value) },
+        || {
+            if known {
+                unsafe { f(limit, old) };
+            }
+        },
+        |_, _| {},
+    )
+}

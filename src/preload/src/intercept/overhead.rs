@@ -1,0 +1,311 @@
+//! Memory no allocation call returns (issue 24): what a context takes when it is created, what a
+//! module's code and `__device__` globals take when it is loaded, what a per-context reservation
+//! (`cuCtxSetLimit`) takes. Nobody says how much that is, so it is measured: the driver's own
+//! books ([`books`]) are read before and after each such call, the change minus what vramcap
+//! itself counted meanwhile (allocations of other threads) is this call's overhead, and it is
+//! charged to the process and its group like an allocation (the cap counts it, so do
+//! `cuMemGetInfo` and NVML's views), under the context it belongs to. It goes back when the
+//! driver gives it back (a module unloaded, a limit lowered: measured again) and all of it when
+//! the context ends.
+//!
+//! Never on the allocation path: only context creation and end, module load and unload, and
+//! `cuCtxSetLimit` pay for the readings. All of it happens under the context lock
+//! (`context::serial`), so two of these calls never measure each other's memory.
+//!
+//! A context cannot be refused before it exists, since its size is only known after: the size
+//! last measured for a context on the device is reserved before the call (none for the first),
+//! and a context whose measured size does not fit is ended at once and refused with the driver's
+//! `CUDA_ERROR_OUT_OF_MEMORY`; so is a module (unloaded) and a limit (put back).
+
+use super::books::{self, Reading, Source};
+use super::charge::{Timed, emit};
+use crate::events::Op;
+use crate::ffi::*;
+use crate::hooks::Hook;
+use crate::ledger::{self, MAX_DEVICES};
+use crate::sync::Lock;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What each context holds beyond its allocations: its own size, and what modules and limits
+/// added (a primary reset gives that part back and keeps the context).
+#[derive(Clone, Copy, Default)]
+struct Held {
+    dev: usize,
+    context: u64,
+    extra: u64,
+}
+
+static HELD: Lock<Option<HashMap<u64, Held>>> = Lock::new(None);
+
+/// The size last measured for a context on each device: reserved before the next one is made.
+static LAST_CONTEXT: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+/// Overhead this process holds on `dev`.
+pub fn total(dev: usize) -> u64 {
+    ledger::overhead(dev)
+}
+
+/// A reading of the driver's books and of what vramcap counted as allocations at that moment.
+pub struct Probe {
+    pub dev: usize,
+    books: Option<Reading>,
+    counted: u64,
+}
+
+/// Tries at a reading with vramcap's own count standing still (see [`quiet_read`]).
+const QUIET_TRIES: usize = 64;
+
+/// The books of `dev`, and what vramcap counted as allocations at that moment. Other threads'
+/// allocations go on meanwhile: one in flight is reserved (`charged`) before the driver has it
+/// and held (`used`) only after, so the driver's books may or may not show it yet. A reading
+/// taken while both counts stand still and agree has nothing in flight; failing that after a
+/// few tries, the bound that makes the overhead larger (`before`: the reservations counted as
+/// allocations; after: not) — too large can only deny, too small could pass the cap.
+/// `own`: this call's reservation, outstanding while it reads (not in flight elsewhere).
+fn quiet_read(dev: usize, only: Option<Source>, before: bool, own: u64) -> Option<(Reading, u64)> {
+    let ours = |c: u64| c.saturating_sub(total(dev));
+    for _ in 0..QUIET_TRIES {
+        let (c1, h1) = (ledger::charged(dev), ledger::used(dev));
+        let r = books::read(dev, only)?;
+        let (c2, h2) = (ledger::charged(dev), ledger::used(dev));
+        if c1 == c2 && h1 == h2 && c1.saturating_sub(own) == h1 {
+            return Some((r, ours(h1)));
+        }
+        std::thread::yield_now();
+    }
+    let c = if before { ledger::charged(dev).saturating_sub(own) } else { ledger::used(dev) };
+    let r = books::read(dev, only)?;
+    Some((r, ours(c)))
+}
+
+/// Reads the books before a call (and before any reservation for it).
+pub fn probe(dev: usize) -> Probe {
+    match quiet_read(dev, None, true, 0) {
+        Some((r, counted)) => Probe { dev, books: Some(r), counted },
+        None => Probe { dev, books: None, counted: 0 },
+    }
+}
+
+/// What the driver took (positive) or gave back (negative) since `p`, beyond vramcap's own
+/// allocations; `None` when the books could not be read twice from one source. `reserved`: what
+/// the caller reserved for the call and has not settled yet.
+pub fn measured(p: &Probe, reserved: u64) -> Option<i128> {
+    let before = p.books?;
+    let (after, counted) = quiet_read(p.dev, Some(before.source), false, reserved)?;
+    let books = after.used as i128 - before.used as i128;
+    let ours = counted as i128 - p.counted as i128;
+    Some(books - ours)
+}
+
+/// Whether `p` could read the books at all (for the one-line notice when it could not).
+pub fn source(p: &Probe) -> Option<Source> {
+    p.books.map(|r| r.source)
+}
+
+/// Reserves the size a context on `dev` last measured, before a call that creates one: `Err`
+/// (nothing reserved) when that cannot fit.
+pub fn reserve_context(api: Hook, dev: usize) -> Result<u64, CUresult> {
+    // This process's last context, or the largest any member of its group measured there.
+    let est = LAST_CONTEXT.get(dev).map_or(0, |l| l.load(Ordering::Acquire)).max(crate::group::context_estimate(dev));
+    if est == 0 {
+        return Ok(0);
+    }
+    ledger::reserve(dev, est).map(|()| est).map_err(|d| deny(api, dev, est, &d))
+}
+
+pub fn deny(api: Hook, dev: usize, size: u64, d: &ledger::Denied) -> CUresult {
+    let scope = if d.group { crate::group::name() } else { None };
+    crate::denials::denied_in(crate::hooks::info(api).name, dev, size, d, scope);
+    emit(Op::Deny, api, dev as i32, 0, size, Timed::instant(CUDA_ERROR_OUT_OF_MEMORY), ledger::used(dev));
+    CUDA_ERROR_OUT_OF_MEMORY
+}
+
+/// Charges `bytes` measured for `ctx` (a new context when `new`), `reserved` of them reserved
+/// before the call. `Err` when they do not fit: nothing stays charged, the caller undoes the call.
+pub fn charge(api: Hook, ctx: u64, dev: usize, bytes: u64, reserved: u64, new: bool) -> Result<(), CUresult> {
+    if bytes > reserved
+        && let Err(d) = ledger::reserve(dev, bytes - reserved)
+    {
+        ledger::unreserve(dev, reserved);
+        return Err(deny(api, dev, bytes, &d));
+    }
+    if reserved > bytes {
+        ledger::unreserve(dev, reserved - bytes);
+    }
+    if new && let Some(l) = LAST_CONTEXT.get(dev) {
+        l.store(bytes, Ordering::Release);
+        crate::group::note_context(dev, bytes);
+    }
+    if new {
+        // A context whose end we never saw left its address to this one: its memory is gone.
+        context_ended(api, ctx);
+    }
+    if bytes == 0 {
+        return Ok(());
+    }
+    ledger::commit(dev, bytes);
+    ledger::add_overhead(dev, bytes);
+    let mut held = HELD.lock();
+    let h = held.get_or_insert_with(HashMap::new).entry(ctx).or_insert(Held { dev, ..Held::default() });
+    if new {
+        h.context = h.context.saturating_add(bytes);
+    } else {
+        h.extra = h.extra.saturating_add(bytes);
+    }
+    let now = h.context + h.extra;
+    drop(held);
+    emit(Op::Overhead, api, dev as i32, ctx, now, Timed::instant(CUDA_SUCCESS), ledger::used(dev));
+    Ok(())
+}
+
+fn give_back(api: Hook, ctx: u64, dev: usize, bytes: u64) {
+    if bytes == 0 {
+        return;
+    }
+    ledger::release(dev, bytes);
+    ledger::sub_overhead(dev, bytes);
+    emit(Op::OverheadFree, api, dev as i32, ctx, bytes, Timed::instant(CUDA_SUCCESS), ledger::used(dev));
+}
+
+/// The driver gave back `bytes` of what modules and limits added to `ctx` (never more than they
+/// added: the context itself goes only with the context).
+pub fn shrink(api: Hook, ctx: u64, bytes: u64) {
+    let taken = {
+        let mut held = HELD.lock();
+        let Some(h) = held.as_mut().and_then(|m| m.get_mut(&ctx)) else { return };
+        let n = bytes.min(h.extra);
+        h.extra -= n;
+        (h.dev, n)
+    };
+    give_back(api, ctx, taken.0, taken.1);
+}
+
+/// The context ended: everything charged to it goes.
+pub fn context_ended(api: Hook, ctx: u64) {
+    let gone = HELD.lock().as_mut().and_then(|m| m.remove(&ctx));
+    if let Some(h) = gone {
+        give_back(api, ctx, h.dev, h.context + h.extra);
+    }
+}
+
+/// Settles a call measured with `p` against `ctx`: growth is charged (`Err` if it does not fit:
+/// the caller undoes the call), shrinkage given back.
+pub fn settle(api: Hook, ctx: u64, p: &Probe) -> Result<(), CUresult> {
+    match measured(p, 0) {
+        Some(d) if d > 0 => charge(api, ctx, p.dev, d.min(u64::MAX as i128) as u64, 0, false),
+        Some(d) if d < 0 => {
+            shrink(api, ctx, (-d).min(u64::MAX as i128) as u64);
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// After an undo (a module unloaded again, a limit set back): what the driver still holds since
+/// `p` exists whether or not it fits (a heap stays with its context once a module brought it),
+/// so it is charged as it is; what it gave back, given back.
+pub fn settle_kept(api: Hook, ctx: u64, p: &Probe) {
+    match measured(p, 0) {
+        Some(d) if d > 0 => {
+            let bytes = d.min(u64::MAX as i128) as u64;
+            ledger::charge(p.dev, bytes);
+            ledger::add_overhead(p.dev, bytes);
+            let mut held = HELD.lock();
+            let h = held.get_or_insert_with(HashMap::new).entry(ctx).or_insert(Held { dev: p.dev, ..Held::default() });
+            h.extra = h.extra.saturating_add(bytes);
+            let now = h.context + h.extra;
+            drop(held);
+            emit(Op::Overhead, api, p.dev as i32, ctx, now, Timed::instant(CUDA_SUCCESS), ledger::used(p.dev));
+        }
+        Some(d) if d < 0 => shrink(api, ctx, (-d).min(u64::MAX as i128) as u64),
+        _ => {}
+    }
+}
+
+/// Sums the sizes of an ELF64 image's `.nv.global*` sections (a cubin's `__device__` globals):
+/// what a module load will take at least, reserved before the driver is asked. `read(offset,
+/// len)` gives bytes of the image. `None`: not an ELF64 image (PTX, a fat binary), or one whose
+/// headers lie outside it.
+pub fn elf_globals_in(read: &dyn Fn(u64, usize) -> Option<Vec<u8>>) -> Option<u64> {
+    // Byte by byte first: a PTX string shorter than a header must not be read past its end.
+    for (i, want) in b"\x7fELF\x02\x01".iter().enumerate() {
+        if read(i as u64, 1)?.first() != Some(want) {
+            return None;
+        }
+    }
+    let h = read(0, 64)?;
+    let u16_at = |b: &[u8], o: usize| b.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as u64);
+    let u32_at = |b: &[u8], o: usize| b.get(o..o + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()) as u64);
+    let u64_at = |b: &[u8], o: usize| b.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+    let (shoff, entsize, count, strndx) = (u64_at(&h, 0x28)?, u16_at(&h, 0x3a)?, u16_at(&h, 0x3c)?, u16_at(&h, 0x3e)?);
+    if entsize != 64 || strndx >= count {
+        return None;
+    }
+    let headers = read(shoff, count as usize * 64)?;
+    let str_hdr = &headers[strndx as usize * 64..];
+    let names = read(u64_at(str_hdr, 0x18)?, usize::try_from(u64_at(str_hdr, 0x20)?).ok().filter(|&n| n <= 1 << 24)?)?;
+    let mut sum = 0u64;
+    for sh in headers.chunks_exact(64) {
+        let at = usize::try_from(u32_at(sh, 0)?).ok()?;
+        let name = names.get(at..)?;
+        let name = &name[..name.iter().position(|&b| b == 0)?];
+        if name == b".nv.global" || name.starts_with(b".nv.global.") {
+            sum = sum.saturating_add(u64_at(sh, 0x20)?);
+        }
+    }
+    Some(sum)
+}
+
+pub fn elf_globals(img: &[u8]) -> Option<u64> {
+    elf_globals_in(&|off, len| img.get(usize::try_from(off).ok()?..usize::try_from(off).ok()?.checked_add(len)?).map(<[u8]>::to_vec))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_context_gives_back_all_it_was_charged_and_a_shrink_never_takes_the_context() {
+        let d = 61;
+        ledger::set_limit(d, 100);
+        charge(Hook::cuCtxCreate_v2, 7, d, 60, 0, true).unwrap();
+        assert_eq!(LAST_CONTEXT[d].load(Ordering::Relaxed), 60);
+        charge(Hook::cuCtxCreate_v2, 7, d, 30, 0, false).unwrap();
+        // Past the cap: refused, nothing left charged.
+        assert_eq!(charge(Hook::cuCtxCreate_v2, 7, d, 20, 0, false), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!((ledger::charged(d), total(d)), (90, 90));
+        shrink(Hook::cuCtxCreate_v2, 7, 1000);
+        assert_eq!((ledger::charged(d), ledger::used(d), total(d)), (60, 60, 60));
+        context_ended(Hook::cuCtxDestroy_v2, 7);
+        assert_eq!((ledger::charged(d), ledger::used(d), total(d)), (0, 0, 0));
+        ledger::set_limit(d, 0);
+    }
+
+    #[test]
+    fn globals_are_read_from_an_elf_image_and_anything_else_is_none() {
+        // Header, names, NULL, .shstrtab, .nv.global (3 MiB), .nv.global.init (5), .text (7).
+        let names = b"\0.shstrtab\0.nv.global\0.nv.global.init\0.text\0";
+        let mut img = vec![0u8; 64];
+        img[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        let shoff = 64 + names.len();
+        img[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
+        img[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        img[0x3c..0x3e].copy_from_slice(&6u16.to_le_bytes());
+        img[0x3e..0x40].copy_from_slice(&1u16.to_le_bytes());
+        img.extend_from_slice(names);
+        for (name, off, size) in [(0u32, 0u64, 0u64), (1, 64, names.len() as u64), (11, 0, 3 << 20), (22, 0, 5), (38, 0, 7)] {
+            let mut s = [0u8; 64];
+            s[..4].copy_from_slice(&name.to_le_bytes());
+            s[0x18..0x20].copy_from_slice(&off.to_le_bytes());
+            s[0x20..0x28].copy_from_slice(&size.to_le_bytes());
+            img.extend_from_slice(&s);
+        }
+        // Five headers declared as six: the sixth lies past the end.
+        assert_eq!(elf_globals(&img), None);
+        img[0x3c..0x3e].copy_from_slice(&5u16.to_le_bytes());
+        assert_eq!(elf_globals(&img), Some((3 << 20) + 5));
+        assert_eq!(elf_globals(b"//\n// Generated by NVIDIA NVVM Compiler\n.version 8.0"), None);
+        assert_eq!(elf_globals(&img[..100]), None, "truncated");
+    }
+}

@@ -1,0 +1,168 @@
+//! The cap counts what the GPU counts (issue 24): contexts, modules' globals and per-context
+//! reservations take device memory no allocation returns. The fake driver charges them as the
+//! real one does (`FAKECUDA_CTX_BYTES` per context, a module's `.nv.global` sections, the heap and
+//! printf FIFO at the first module load, the stack at `cuCtxSetLimit`), and vramcap must learn
+//! their sizes from the driver's books, never assume them: every scenario runs under a cap on a
+//! big device and on the bare fake with exactly the cap's memory, with two context sizes; both
+//! must grant and refuse the same calls, and under the cap the fake's own physical peak never
+//! passes the cap.
+
+use vramcap_tests::common;
+use common::*;
+
+/// Runs `ops` under a `cap` on a 16 GiB device and on the bare driver with `cap` of memory, with
+/// contexts of `ctx` bytes; checks the result codes of each `op` are as `want` in both, that both
+/// end with the same free memory, and that the capped run never held more than the cap
+/// physically. Returns the capped runs.
+fn agree(cap: &str, ctx: &str, ops: &str, checks: &[(&str, &[i64])]) -> Vec<Output> {
+    agree_peak(cap, ctx, ops, checks, true)
+}
+
+/// [`agree`]; `strict`: also the capped device's physical peak stays within the cap.
+fn agree_peak(cap: &str, ctx: &str, ops: &str, checks: &[(&str, &[i64])], strict: bool) -> Vec<Output> {
+    let mut out = Vec::new();
+    for c in CLIENTS {
+        let capped =
+            Run::client(c).env("VRAMCAP_LIMIT", cap).env("FAKECUDA_CTX_BYTES", ctx).args([ops, "info", "stats 0"]).run();
+        capped.ok();
+        let bare = Run::client(c).bare().env("FAKECUDA_MEM", cap).env("FAKECUDA_CTX_BYTES", ctx).args([ops, "info"]).run();
+        bare.ok();
+        for (op, want) in checks {
+            let rcs = |o: &Output| o.of(op).iter().map(|l| l.rc()).collect::<Vec<_>>();
+            assert_eq!(rcs(&bare), *want, "{c}: the bare driver's own answer to `{op}` in: {ops}\n{}", bare.stdout);
+            assert_eq!(rcs(&capped), *want, "{c}: `{op}` under the cap in: {ops}\n{}{}", capped.stdout, capped.stderr);
+        }
+        let free = |o: &Output| o.of("info").last().unwrap().num("free");
+        assert_eq!(free(&capped), free(&bare), "{c}: cuMemGetInfo agrees with the driver after: {ops}\n{}", capped.stdout);
+        let limit = size(cap);
+        let stats = capped.of("stats").last().copied().cloned().unwrap();
+        if strict {
+            assert!(stats.num("peak") <= limit.max(size(ctx)), "{c}: the device held {} past the cap {limit}: {ops}", stats.num("peak"));
+        }
+        // What vramcap counts is what the device holds: the cap less it is free.
+        let held = stats.num("bytes_held");
+        let with_context = capped.of("info").last().unwrap().rc() == 0;
+        assert!(!with_context || free(&capped) == limit.saturating_sub(held), "{c}: charge and device disagree after: {ops}\n{}", capped.stdout);
+        out.push(capped);
+    }
+    out
+}
+
+fn size(s: &str) -> u64 {
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    n.parse::<u64>().unwrap() * match unit {
+        "" => 1,
+        "m" => MIB,
+        "g" => GIB,
+        u => panic!("unit {u}"),
+    }
+}
+
+#[test]
+fn a_context_costs_what_the_driver_measures_and_comes_back_when_it_ends() {
+    // Two context sizes: vramcap must learn each one, not assume either.
+    for (ctx, rest) in [("100m", "924m"), ("300m", "724m")] {
+        let ops = format!("init ctx 0 info alloc {rest} alloc 1m release2 0 ctx 0 alloc {rest} alloc 1m");
+        let runs = agree("1g", ctx, &ops, &[("alloc", &[0, 2, 0, 2]), ("primrelease", &[0])]);
+        for r in &runs {
+            // cuMemGetInfo with the context alone: the cap less the context.
+            assert_eq!(r.nth("info", 0).num("free"), GIB - size(ctx), "{}", r.stdout);
+        }
+    }
+    // A created context too (all four ABIs), and destroy gives it back.
+    agree("1g", "200m", "init ctx 0 mkctx 2 0 mkctx 1 0 mkctx 3 0 alloc 100m mkctx 4 0 destroy2 0 destroy1 1 alloc 300m", &[
+        ("mkctx", &[0, 0, 0, 2]),
+        ("alloc", &[0, 0]),
+    ]);
+}
+
+#[test]
+fn a_context_that_cannot_fit_is_refused_with_out_of_memory() {
+    // A second context past the cap: refused before the driver makes it (the last one's size
+    // is reserved first), so the device never holds it.
+    agree("1g", "300m", "init ctx 0 alloc 600m mkctx 2 0 alloc 100m", &[("mkctx", &[2]), ("alloc", &[0, 0])]);
+    // A cap smaller than one context: the first context is refused, the device held it alone.
+    agree("200m", "300m", "init ctx 0", &[("ctx", &[2])]);
+}
+
+#[test]
+fn modules_cost_their_globals_and_the_heap_and_give_them_back() {
+    let dir = private_group_dir();
+    let small = dir.join("small.cubin");
+    let big = dir.join("big.cubin");
+    let (s, b) = (small.display(), big.display());
+    // 64 MiB + 16 MiB of globals, and the 8 MiB heap and 1 MiB FIFO the first load brings; a
+    // 2 GiB global array does not fit; an unload gives its globals back (the heap stays).
+    let ops = format!(
+        "init ctx 0 cubin {s} 64m 16m cubin {b} 2g info moddata {s} info moddata {b} modload {s} modunload 1 info alloc 1000m alloc 835m"
+    );
+    let runs = agree("1g", "100m", &ops, &[("moddata", &[0, 2]), ("modload", &[0]), ("alloc", &[2, 0])]);
+    for r in &runs {
+        let free = |i| r.nth("info", i).num("free");
+        assert_eq!(free(0) - free(1), 89 * MIB, "{}", r.stdout);
+        assert_eq!(free(1), free(2), "the second module unloaded again: {}", r.stdout);
+    }
+    // cuModuleLoadDataEx too.
+    agree("1g", "100m", &format!("init ctx 0 cubin {s} 64m 16m cubin {b} 2g moddataex {s} moddataex {b}"), &[("moddataex", &[0, 2])]);
+}
+
+#[test]
+fn a_limit_that_reserves_past_the_cap_is_refused_and_set_back() {
+    // The stack: (value − 1 KiB) × 2048 threads in the fake, reserved at once.
+    let ops = "init ctx 0 setlimit 0 200k getlimit 0 setlimit 0 600k getlimit 0 setlimit 0 1k alloc 800m";
+    // The driver says how much a limit takes only by taking it: for the moment of the call the
+    // device may hold it past the cap (the peak is not checked here).
+    let runs = agree_peak("1g", "100m", ops, &[("setlimit", &[0, 2, 0]), ("alloc", &[0])], false);
+    for r in &runs {
+        assert_eq!(r.nth("getlimit", 1).num("value"), 200 << 10, "set back after the refusal: {}", r.stdout);
+    }
+    // The heap is allocated at the first module load (Programming Guide): a heap past the cap
+    // makes that load fail (the bare driver: CUDA_ERROR_SHARED_OBJECT_INIT_FAILED; under the
+    // cap: out of memory, the module unloaded again). The heap stays with the context once
+    // allocated, and stays counted.
+    let dir = private_group_dir();
+    let m = dir.join("m.cubin");
+    let ops = format!("init ctx 0 cubin {} 1m setlimit 2 950m moddata {} info stats 0", m.display(), m.display());
+    let bare = Run::client("client_linked").bare().env("FAKECUDA_MEM", "1g").env("FAKECUDA_CTX_BYTES", "100m").args([&ops]).run();
+    assert_eq!(bare.nth("moddata", 0).rc(), 303, "{}", bare.stdout);
+    for c in CLIENTS {
+        let capped = Run::client(c).env("VRAMCAP_LIMIT", "1g").env("FAKECUDA_CTX_BYTES", "100m").args([&ops]).run();
+        capped.ok();
+        assert_eq!(capped.nth("moddata", 0).rc(), 2, "{c}: {}", capped.stdout);
+        let held = capped.nth("stats", 0).num("bytes_held");
+        assert_eq!(held, 100 * MIB + 951 * MIB, "{c}: the heap stays with the context: {}", capped.stdout);
+        assert_eq!(capped.nth("info", 0).num("free"), 0, "{c}: and it is counted: {}", capped.stdout);
+    }
+}
+
+#[test]
+fn the_trace_and_report_show_overhead_apart_from_allocations() {
+    let dir = private_group_dir();
+    let trace = dir.join("t.jsonl");
+    let out = Run::client("client_linked")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("FAKECUDA_CTX_BYTES", "300m")
+        .env("VRAMCAP_TRACE", &trace)
+        .args(["init ctx 0 alloc 100m release2 0"])
+        .run();
+    out.ok();
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let events: Vec<serde_json::Value> =
+        text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).filter(|v| v["type"] == "event").collect();
+    let ops: Vec<&str> = events.iter().map(|e| e["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["overhead", "alloc", "free", "overhead_free"], "{text}");
+    assert_eq!(events[0]["api"], "cuDevicePrimaryCtxRetain");
+    assert_eq!(events[0]["size"], 300 * MIB);
+    assert_eq!(events[1]["used"], 400 * MIB, "the charge includes the context");
+    assert_eq!(events[3]["size"], 300 * MIB);
+    assert_eq!(events[3]["used"], 0);
+    let report = std::process::Command::new(vramcap_bin()).args(["report", "--json"]).arg(&trace).output().unwrap();
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let dev = &v["processes"][0]["devices"][0];
+    assert_eq!((dev["overhead_peak"].as_u64(), dev["overhead_at_end"].as_u64()), (Some(300 * MIB), Some(0)), "{v}");
+    assert_eq!(dev["peak"], 400 * MIB);
+    let text = std::process::Command::new(vramcap_bin()).arg("report").arg(&trace).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("overhead        0 B at end, 300.0 MiB at most"), "{text}");
+}
