@@ -166,3 +166,38 @@ fn the_trace_and_report_show_overhead_apart_from_allocations() {
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("overhead        0 B at end, 300.0 MiB at most"), "{text}");
 }
+
+/// Observe mode (issue 26) covers overhead too: a context or a module's globals past the cap are
+/// granted (the job sees no refusal vramcap made) and recorded as would-be denials; enforced, the
+/// same calls are refused.
+#[test]
+fn observe_mode_grants_overhead_past_the_cap_and_records_it() {
+    let dir = private_group_dir();
+    let m = dir.join("g.cubin");
+    let ops = format!("init ctx 0 alloc 600m mkctx 2 0 cubin {} 500m moddata {}", m.display(), m.display());
+    for c in CLIENTS {
+        let trace = dir.join(format!("{c}-observe.jsonl"));
+        let run = |mode: &str| {
+            let trace = dir.join(format!("{c}-{mode}.jsonl"));
+            Run::client(c)
+                .env("VRAMCAP_LIMIT", "1g")
+                .env("VRAMCAP_MODE", mode)
+                .env("VRAMCAP_TRACE", trace.to_str().unwrap())
+                .env("FAKECUDA_CTX_BYTES", "300m")
+                .args([ops.as_str()])
+                .run()
+        };
+        let enforced = run("enforce");
+        enforced.ok();
+        let rcs = |o: &Output, op: &str| o.of(op).iter().map(|l| l.rc()).collect::<Vec<_>>();
+        assert_eq!(rcs(&enforced, "mkctx"), [2], "{c}: enforced, the second context is refused: {}", enforced.stdout);
+        let observed = run("observe");
+        observed.ok();
+        assert_eq!(rcs(&observed, "mkctx"), [0], "{c}: observed, the context is granted: {}{}", observed.stdout, observed.stderr);
+        assert_eq!(rcs(&observed, "moddata"), [0], "{c}: observed, the module is granted: {}{}", observed.stdout, observed.stderr);
+        let text = std::fs::read_to_string(&trace).unwrap();
+        let would = text.lines().filter(|l| l.contains("\"op\":\"would_deny\"")).count();
+        assert!(would >= 2, "{c}: the context and the module are would-be denials:\n{text}");
+        assert!(!text.lines().any(|l| l.contains("\"op\":\"deny\"")), "{c}: nothing denied in observe mode:\n{text}");
+    }
+}

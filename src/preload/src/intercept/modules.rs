@@ -38,9 +38,9 @@ fn measured_call(
     let probe = guarded(None, || Some(overhead::probe(dev)));
     let est = guarded(0, estimate);
     if est > 0
-        && let Err(d) = ledger::reserve(dev, est)
+        && let Err(e) = guarded(Err(CUDA_ERROR_OUT_OF_MEMORY), || overhead::reserve(api, dev, est))
     {
-        return guarded(CUDA_ERROR_OUT_OF_MEMORY, || overhead::deny(api, dev, est, &d));
+        return e;
     }
     let rc = call();
     if rc != CUDA_SUCCESS {

@@ -111,24 +111,37 @@ pub fn reserve_context(api: Hook, dev: usize) -> Result<u64, CUresult> {
     if est == 0 {
         return Ok(0);
     }
-    ledger::reserve(dev, est).map(|()| est).map_err(|d| deny(api, dev, est, &d))
+    reserve(api, dev, est).map(|()| est)
 }
 
-pub fn deny(api: Hook, dev: usize, size: u64, d: &ledger::Denied) -> CUresult {
-    let scope = if d.group { crate::group::name() } else { None };
-    crate::denials::denied_in(crate::hooks::info(api).name, dev, size, d, scope);
+/// Reserves `size` bytes of overhead on `dev`, or refuses them with the driver's out-of-memory
+/// code (the denial said and traced). In observe mode a refusal is granted and recorded as a
+/// `would_deny`, like an allocation's: a job in observe mode must see no refusal vramcap made.
+pub fn reserve(api: Hook, dev: usize, size: u64) -> Result<(), CUresult> {
+    match ledger::reserve(dev, size) {
+        Ok(()) => Ok(()),
+        Err(d) => deny(api, dev, size, &d),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn deny(api: Hook, dev: usize, size: u64, d: &ledger::Denied) -> Result<(), CUresult> {
+    if !super::charge::refused(api, dev, size, d) {
+        return Ok(());
+    }
     emit(Op::Deny, api, dev as i32, 0, size, Timed::instant(CUDA_ERROR_OUT_OF_MEMORY), ledger::used(dev));
-    CUDA_ERROR_OUT_OF_MEMORY
+    Err(CUDA_ERROR_OUT_OF_MEMORY)
 }
 
 /// Charges `bytes` measured for `ctx` (a new context when `new`), `reserved` of them reserved
 /// before the call. `Err` when they do not fit: nothing stays charged, the caller undoes the call.
 pub fn charge(api: Hook, ctx: u64, dev: usize, bytes: u64, reserved: u64, new: bool) -> Result<(), CUresult> {
     if bytes > reserved
-        && let Err(d) = ledger::reserve(dev, bytes - reserved)
+        && let Err(e) = reserve(api, dev, bytes - reserved)
     {
         ledger::unreserve(dev, reserved);
-        return Err(deny(api, dev, bytes, &d));
+        return Err(e);
     }
     if reserved > bytes {
         ledger::unreserve(dev, reserved - bytes);
