@@ -65,12 +65,25 @@ const QUIET_TRIES: usize = 64;
 /// `own`: this call's reservation, outstanding while it reads (not in flight elsewhere).
 fn quiet_read(dev: usize, only: Option<Source>, before: bool, own: u64) -> Option<(Reading, u64)> {
     let ours = |c: u64| c.saturating_sub(total(dev));
-    for _ in 0..QUIET_TRIES {
+    // A free in flight is not seen by the counts alone: the driver has the memory back before
+    // vramcap un-charges it. So a quiet reading must hold twice, a yield apart, with the same
+    // books: a free that was between its driver call and its un-charge at the first reading has
+    // moved the counts by the second (unless its thread stayed descheduled all that time).
+    let quiet = || {
         let (c1, h1) = (ledger::charged(dev), ledger::used(dev));
         let r = books::read(dev, only)?;
         let (c2, h2) = (ledger::charged(dev), ledger::used(dev));
-        if c1 == c2 && h1 == h2 && c1.saturating_sub(own) == h1 {
-            return Some((r, ours(h1)));
+        Some((c1 == c2 && h1 == h2 && c1.saturating_sub(own) == h1).then_some((r, h1)))
+    };
+    for _ in 0..QUIET_TRIES {
+        if let Some((r, h)) = quiet()? {
+            std::thread::yield_now();
+            if let Some((r2, h2)) = quiet()?
+                && h2 == h
+                && r2.used == r.used
+            {
+                return Some((r, ours(h)));
+            }
         }
         std::thread::yield_now();
     }
