@@ -26,14 +26,15 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// an operator set with `vramcap limit` (`operator_limit`), which later members adopt; per member
 /// the reserve it took from lower priorities, by lender and device, so that it goes back to its
 /// lender when freed, and whether it started late (who may take the headroom).
-/// 5 (issues 23, 24 and 26): the header's former padding word is the group's mode ([`MODE_ENFORCE`]
+/// 5 (issues 23 and 26): the header's former padding word is the group's mode ([`MODE_ENFORCE`]
 /// or [`MODE_OBSERVE`]; a version 4 member would enforce while the group observes, or ignore a
 /// group that enforces); exported VMM memory outlives its exporter: per member the bytes of its
 /// charge it exported as shareable handles and the count of shareable handles it imported from
 /// others; per device the exported bytes whose exporter ended while members held imports
-/// (`orphans`); per device the size of the largest context a member measured there
+/// (`orphans`).
+/// 6 (issue 24): per device the size of the largest context a member measured there
 /// (`context_bytes`), which a member reserves before it creates its first context.
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
 pub const NAME_BYTES: usize = 64;
