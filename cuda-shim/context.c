@@ -71,11 +71,13 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
         return CUDA_ERROR_OUT_OF_MEMORY;
     c->dev = dev;
     c->usage = 1;               /* documented: a new context has a usage count of one */
+    /* Begun under the registry's lock: a library loaded meanwhile is in it or loads into it. */
+    pthread_mutex_lock(&g_ctx_lock);
     if (fc_ctx_begin(c) != CUDA_SUCCESS) {   /* a context takes device memory of its own */
+        pthread_mutex_unlock(&g_ctx_lock);
         free(c);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    pthread_mutex_lock(&g_ctx_lock);
     c->next = g_user_ctxs;
     g_user_ctxs = c;
     pthread_mutex_unlock(&g_ctx_lock);
@@ -316,6 +318,22 @@ FC_API CUresult cuCtxSynchronize(void)
         return CUDA_ERROR_INVALID_CONTEXT;
     fc_pools_sync(c->dev);      /* pools give back memory above their release threshold */
     return CUDA_SUCCESS;
+}
+
+CUresult fc_ctx_each_live(CUresult (*fn)(struct fc_ctx *, void *), void *arg)
+{
+    CUresult rc = CUDA_SUCCESS;
+    struct fc_ctx *it;
+
+    pthread_mutex_lock(&g_ctx_lock);
+    for (int i = 0; i < fc_cfg.device_count && rc == CUDA_SUCCESS; i++)
+        if (g_primary_refs[i] > 0)
+            rc = fn(&g_primary[i], arg);
+    for (it = g_user_ctxs; it && rc == CUDA_SUCCESS; it = it->next)
+        if (!atomic_load(&it->destroyed))
+            rc = fn(it, arg);
+    pthread_mutex_unlock(&g_ctx_lock);
+    return rc;
 }
 
 /* ------------------------------------------------------- primary contexts */

@@ -451,6 +451,17 @@ CUresult cuModuleUnload(CUmodule hmod);
 CUresult cuCtxSetLimit(CUlimit limit, size_t value);
 CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit);
 
+/* Libraries (CUDA 12.0): context-independent loading. */
+typedef struct fc_library *CUlibrary;     /* opaque */
+typedef int CUlibraryOption;
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues,
+                           unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                           unsigned int numLibraryOptions);
+CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
+                               void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                               void **libraryOptionValues, unsigned int numLibraryOptions);
+CUresult cuLibraryUnload(CUlibrary library);
+
 #ifdef __cplusplus
 }
 #endif

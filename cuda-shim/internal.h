@@ -149,7 +149,10 @@ void fc_managed_ctx_gone(struct fc_ctx *c);
 int fc_mem_overhead(int dev, long long delta);    /* the same for memory no allocation returns */
 /* Overhead (overhead.c): a context takes its memory when it begins (0 ok, else the error) and
  * gives back all it holds when it ends; a primary reset gives back its modules' part. */
-CUresult fc_ctx_begin(struct fc_ctx *c);
+CUresult fc_ctx_begin(struct fc_ctx *c);   /* called with g_ctx_lock held (context.c) */
+/* fn on every live context (primary contexts retained, created ones not destroyed; green
+ * contexts are their primary context's), under the context registry's lock, until one fails. */
+CUresult fc_ctx_each_live(CUresult (*fn)(struct fc_ctx *, void *), void *arg);
 void fc_ctx_finish(struct fc_ctx *c);
 void fc_ctx_reset_modules(struct fc_ctx *c);
 /* FAKECUDA_SHARED_DEVICE: one allocation's or free's bytes on the counters shared by processes. */

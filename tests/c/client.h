@@ -88,7 +88,10 @@
     X(cuModuleLoadDataEx, "cuModuleLoadDataEx", 2010, 0) \
     X(cuModuleUnload, "cuModuleUnload", 2000, 0) \
     X(cuCtxSetLimit, "cuCtxSetLimit", 3010, 0) \
-    X(cuCtxGetLimit, "cuCtxGetLimit", 3010, 0)
+    X(cuCtxGetLimit, "cuCtxGetLimit", 3010, 0) \
+    X(cuLibraryLoadData, "cuLibraryLoadData", 12000, 0) \
+    X(cuLibraryLoadFromFile, "cuLibraryLoadFromFile", 12000, 0) \
+    X(cuLibraryUnload, "cuLibraryUnload", 12000, 0)
 /* Pool lifetimes, stream devices, graphs and graph memory (ops_pool.c). */
 #define CLIENT_POOL(X) \
     X(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, 0) \

@@ -7,6 +7,9 @@
  *   moddata PATH         -> moddata rc=N id=M       (cuModuleLoadData of the file's bytes)
  *   moddataex PATH       -> moddataex rc=N id=M     (cuModuleLoadDataEx, no options)
  *   modunload M          -> modunload rc=N          (cuModuleUnload)
+ *   libdata PATH         -> libdata rc=N id=L       (cuLibraryLoadData of the file's bytes, no options)
+ *   libfile PATH         -> libfile rc=N id=L       (cuLibraryLoadFromFile, no options)
+ *   libunload L          -> libunload rc=N          (cuLibraryUnload)
  *   setlimit L VALUE     -> setlimit rc=N           (cuCtxSetLimit)
  *   getlimit L           -> getlimit rc=N value=V   (cuCtxGetLimit)
  *   procs DEV            -> procs n=K self=B        (the fake NVML's running-process list: how
@@ -27,6 +30,16 @@
 
 static CUmodule g_mod[64];
 static int g_nmod;
+static CUlibrary g_lib[64];
+static int g_nlib;
+
+static int keep_lib(CUresult rc, CUlibrary l)
+{
+    if (rc != CUDA_SUCCESS || g_nlib >= 64)
+        return -1;
+    g_lib[g_nlib] = l;
+    return g_nlib++;
+}
 
 static int keep_mod(CUresult rc, CUmodule m)
 {
@@ -159,6 +172,24 @@ int client_overhead_op(const struct cu_api *A, const char *op, int argc, char **
             exit(2);
         }
         OUT("modunload rc=%d", A->cuModuleUnload(g_mod[k]));
+        return 1;
+    }
+    if (!strcmp(op, "libdata") || !strcmp(op, "libfile")) {
+        CUlibrary l = NULL;
+        void *img = op[3] == 'd' ? slurp(ARG(0)) : NULL;
+        rc = img ? A->cuLibraryLoadData(&l, img, NULL, NULL, 0, NULL, NULL, 0)
+                 : A->cuLibraryLoadFromFile(&l, ARG(0), NULL, NULL, 0, NULL, NULL, 0);
+        OUT("%s rc=%d id=%d", op, rc, keep_lib(rc, l));
+        free(img);
+        return 1;
+    }
+    if (!strcmp(op, "libunload")) {
+        long k = client_parse_long(ARG(0));
+        if (k < 0 || k >= g_nlib) {
+            fprintf(stderr, "client: no library %s\n", ARG(0) ? ARG(0) : "(missing)");
+            exit(2);
+        }
+        OUT("libunload rc=%d", A->cuLibraryUnload(g_lib[k]));
         return 1;
     }
     if (!strcmp(op, "setlimit")) {
