@@ -201,3 +201,46 @@ fn observe_mode_grants_overhead_past_the_cap_and_records_it() {
         assert!(!text.lines().any(|l| l.contains("\"op\":\"deny\"")), "{c}: nothing denied in observe mode:\n{text}");
     }
 }
+
+/// Libraries (CUDA 12.0) are context-independent: the fake loads one into every live context and
+/// every later one (eager loading). Their globals are measured like a module's on every device
+/// with a context, refused with out-of-memory when they do not fit, and given back at unload.
+#[test]
+fn libraries_cost_their_globals_in_every_context_and_give_them_back_at_unload() {
+    let dir = private_group_dir();
+    let small = dir.join("lib_small.cubin");
+    let big = dir.join("lib_big.cubin");
+    let (s, b) = (small.display(), big.display());
+    // One context: 64 + 16 MiB of globals and the 9 MiB heap and FIFO of its first module; a
+    // 2 GiB library does not fit; the unload gives the globals back (the heap stays), so the
+    // second load takes only the globals again.
+    let ops = format!(
+        "init ctx 0 cubin {s} 64m 16m cubin {b} 2g info libdata {s} info libfile {b} libunload 0 info libfile {s} info alloc 900m alloc 835m"
+    );
+    let runs = agree("1g", "100m", &ops, &[("libdata", &[0]), ("libfile", &[2, 0]), ("libunload", &[0]), ("alloc", &[2, 0])]);
+    for r in &runs {
+        let free = |i| r.nth("info", i).num("free");
+        assert_eq!(free(0) - free(1), 89 * MIB, "{}", r.stdout);
+        assert_eq!(free(2) - free(1), 80 * MIB, "the unload gave the globals back: {}", r.stdout);
+        assert_eq!(free(1), free(3), "{}", r.stdout);
+    }
+    // Two contexts on the device: a copy in each. 420 MiB fits once, not twice: refused (the
+    // heap its first copy brought stays); 300 MiB twice fits (and the other context's heap), and
+    // both copies come back at the unload.
+    let ops = format!(
+        "init ctx 0 mkctx 2 0 cubin {b} 420m cubin {s} 300m libdata {b} info libdata {s} info libunload 0 info alloc 800m alloc 7m"
+    );
+    let runs = agree("1g", "100m", &ops, &[("libdata", &[2, 0]), ("libunload", &[0]), ("alloc", &[0, 2])]);
+    for r in &runs {
+        let free = |i| r.nth("info", i).num("free");
+        // Two contexts, two heaps, two copies; then the two heaps alone.
+        assert_eq!(free(1), GIB - (2 * 100 + 2 * 9 + 2 * 300) * MIB, "{}", r.stdout);
+        assert_eq!(free(2), GIB - (2 * 100 + 2 * 9) * MIB, "{}", r.stdout);
+    }
+    // A context created while a library is loaded gets its copy: measured as part of its size.
+    agree("1g", "100m", &format!("init ctx 0 cubin {s} 300m libdata {s} mkctx 2 0 alloc 200m mkctx 2 0"), &[
+        ("libdata", &[0]),
+        ("mkctx", &[0, 2]),
+        ("alloc", &[0]),
+    ]);
+}

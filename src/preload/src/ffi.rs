@@ -204,6 +204,9 @@ pub struct nvmlPciInfo_t {
 pub type CUmodule = *mut c_void;
 pub type CUlimit = c_int;
 pub type CUjit_option = c_int;
+/// A library (CUDA 12.0: context-independent loading) and its load options.
+pub type CUlibrary = *mut c_void;
+pub type CUlibraryOption = c_int;
 /// `nvmlProcessInfo_t` as `nvmlDeviceGetComputeRunningProcesses_v3` fills it.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]

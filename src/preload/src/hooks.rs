@@ -7,7 +7,7 @@
 
 use crate::dl::Slot;
 use crate::ffi::*;
-use crate::intercept::{arrays, context, graph, green, host, init, managed, mem, modules, nvml, pool, procaddr, vmm};
+use crate::intercept::{arrays, context, graph, green, host, init, libraries, managed, mem, modules, nvml, pool, procaddr, vmm};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -369,6 +369,16 @@ hook_table! {
         fn cuModuleLoadFatBinary(module: *mut CUmodule, fat: *const c_void) -> CUresult => modules::load_fat_binary;
     Cuda "cuModuleUnload" 2000 false fn cuModuleUnload(module: CUmodule) -> CUresult => modules::unload;
     Cuda "cuCtxSetLimit" 3010 false fn cuCtxSetLimit(limit: CUlimit, value: usize) -> CUresult => modules::set_limit;
+    /// Libraries (CUDA 12.0) load into every context: measured on every device with one.
+    Cuda "cuLibraryLoadData" 12000 false
+        fn cuLibraryLoadData(lib: *mut CUlibrary, code: *const c_void, jit: *mut CUjit_option,
+            jit_values: *mut *mut c_void, n_jit: c_uint, opts: *mut CUlibraryOption, opt_values: *mut *mut c_void,
+            n_opts: c_uint) -> CUresult => libraries::load_data;
+    Cuda "cuLibraryLoadFromFile" 12000 false
+        fn cuLibraryLoadFromFile(lib: *mut CUlibrary, path: *const c_char, jit: *mut CUjit_option,
+            jit_values: *mut *mut c_void, n_jit: c_uint, opts: *mut CUlibraryOption, opt_values: *mut *mut c_void,
+            n_opts: c_uint) -> CUresult => libraries::load_from_file;
+    Cuda "cuLibraryUnload" 12000 false fn cuLibraryUnload(lib: CUlibrary) -> CUresult => libraries::unload;
 
     // NVML's view agrees with cuMemGetInfo.
     Nvml "nvmlDeviceGetMemoryInfo" 0 false

@@ -12,6 +12,7 @@ pub mod graph_nodes;
 pub mod green;
 pub mod host;
 pub mod init;
+pub mod libraries;
 pub mod location;
 pub mod managed;
 pub mod mem;

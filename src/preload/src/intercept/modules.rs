@@ -88,7 +88,7 @@ fn load(api: Hook, module: *mut CUmodule, estimate: impl FnOnce() -> u64, call: 
 /// The globals of an image in memory. The driver requires a complete image, so an ELF image's
 /// headers can be read where they say they are; anything else is looked at one byte at a time
 /// and no further than its first byte that is not ELF's magic.
-fn image_globals(image: *const c_void) -> u64 {
+pub(super) fn image_globals(image: *const c_void) -> u64 {
     if image.is_null() {
         return 0;
     }
@@ -100,7 +100,7 @@ fn image_globals(image: *const c_void) -> u64 {
 }
 
 /// The globals of a module file, read with `pread` (headers only).
-fn file_globals(fname: *const c_char) -> u64 {
+pub(super) fn file_globals(fname: *const c_char) -> u64 {
     use std::os::unix::fs::FileExt;
     if fname.is_null() {
         return 0;

@@ -147,9 +147,9 @@ fn deny(api: Hook, dev: usize, size: u64, d: &ledger::Denied) -> Result<(), CUre
     Err(CUDA_ERROR_OUT_OF_MEMORY)
 }
 
-/// Charges `bytes` measured for `ctx` (a new context when `new`), `reserved` of them reserved
-/// before the call. `Err` when they do not fit: nothing stays charged, the caller undoes the call.
-pub fn charge(api: Hook, ctx: u64, dev: usize, bytes: u64, reserved: u64, new: bool) -> Result<(), CUresult> {
+/// Turns `reserved` into a reservation of `bytes` (more reserved, or the surplus given back);
+/// `Err` (nothing left reserved) when the more does not fit.
+fn settle_reservation(api: Hook, dev: usize, bytes: u64, reserved: u64) -> Result<(), CUresult> {
     if bytes > reserved
         && let Err(e) = reserve(api, dev, bytes - reserved)
     {
@@ -159,6 +159,13 @@ pub fn charge(api: Hook, ctx: u64, dev: usize, bytes: u64, reserved: u64, new: b
     if reserved > bytes {
         ledger::unreserve(dev, reserved - bytes);
     }
+    Ok(())
+}
+
+/// Charges `bytes` measured for `ctx` (a new context when `new`), `reserved` of them reserved
+/// before the call. `Err` when they do not fit: nothing stays charged, the caller undoes the call.
+pub fn charge(api: Hook, ctx: u64, dev: usize, bytes: u64, reserved: u64, new: bool) -> Result<(), CUresult> {
+    settle_reservation(api, dev, bytes, reserved)?;
     if new && let Some(l) = LAST_CONTEXT.get(dev) {
         l.store(bytes, Ordering::Release);
         crate::group::note_context(dev, bytes);
@@ -185,7 +192,32 @@ pub fn charge(api: Hook, ctx: u64, dev: usize, bytes: u64, reserved: u64, new: b
     Ok(())
 }
 
-fn give_back(api: Hook, ctx: u64, dev: usize, bytes: u64) {
+/// Charges `bytes` of overhead that no one context holds (a library's copies on a device with
+/// several contexts, `super::libraries`): traced under `key`, given back only by [`give_back`].
+pub fn charge_unowned(api: Hook, key: u64, dev: usize, bytes: u64, reserved: u64) -> Result<(), CUresult> {
+    settle_reservation(api, dev, bytes, reserved)?;
+    if bytes > 0 {
+        ledger::commit(dev, bytes);
+        ledger::add_overhead(dev, bytes);
+        emit(Op::Overhead, api, dev as i32, key, bytes, Timed::instant(CUDA_SUCCESS), ledger::used(dev));
+    }
+    Ok(())
+}
+
+/// What an undone call left held since `p`, charged to no context (see [`charge_unowned`]): it
+/// stays charged, whether or not it fits.
+pub fn keep_unowned(api: Hook, key: u64, p: &Probe) {
+    if let Some(d) = measured(p, 0)
+        && d > 0
+    {
+        let bytes = d.min(u64::MAX as i128) as u64;
+        ledger::charge(p.dev, bytes);
+        ledger::add_overhead(p.dev, bytes);
+        emit(Op::Overhead, api, p.dev as i32, key, bytes, Timed::instant(CUDA_SUCCESS), ledger::used(p.dev));
+    }
+}
+
+pub fn give_back(api: Hook, ctx: u64, dev: usize, bytes: u64) {
     if bytes == 0 {
         return;
     }
