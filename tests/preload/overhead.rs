@@ -244,3 +244,36 @@ fn libraries_cost_their_globals_in_every_context_and_give_them_back_at_unload() 
         ("alloc", &[0]),
     ]);
 }
+
+/// A green context (CUDA 12.4) takes device memory of its own (the fake: a quarter of a
+/// context), measured like a context's and given back at its destroy.
+#[test]
+fn a_green_context_costs_what_the_driver_measures_and_gives_it_back_at_destroy() {
+    // The primary context there first: the green context's own 25 MiB, back at its destroy.
+    let runs = agree("1g", "100m", "init ctx 0 info green 0 info greendestroy 0 info alloc 900m alloc 24m alloc 1m", &[
+        ("green", &[0]),
+        ("greendestroy", &[0]),
+        ("alloc", &[0, 0, 2]),
+    ]);
+    for r in &runs {
+        let free = |i| r.nth("info", i).num("free");
+        assert_eq!(free(0) - free(1), 25 * MIB, "{}", r.stdout);
+        assert_eq!(free(0), free(2), "{}", r.stdout);
+    }
+    // The create makes the primary context too: its destroy is the last release, and all goes.
+    agree("1g", "100m", "init green 0 info greendestroy 0 primstate 0 alloc 10m ctx 0 alloc 924m", &[
+        ("green", &[0]),
+        ("alloc", &[201, 0]),
+    ]);
+    // The same, with the application's own retain: the primary context stays, and so does its charge.
+    agree("1g", "100m", "init green 0 ctx 0 greendestroy 0 alloc 924m alloc 1m", &[("alloc", &[0, 2])]);
+    // Measured once, a green context's size is reserved before the next: one past the cap is
+    // refused before the driver makes it.
+    agree("1g", "100m", "init ctx 0 green 0 greendestroy 0 alloc 900m green 0 alloc 24m", &[
+        ("green", &[0, 2]),
+        ("alloc", &[0, 0]),
+    ]);
+    // The first green context past the cap: the driver says its size only by taking it (for the
+    // call the device held it past the cap), then it is destroyed again and refused.
+    agree_peak("1g", "100m", "init ctx 0 alloc 900m green 0 alloc 24m", &[("green", &[2]), ("alloc", &[0, 0])], false);
+}

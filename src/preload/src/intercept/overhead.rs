@@ -239,6 +239,16 @@ pub fn shrink(api: Hook, ctx: u64, bytes: u64) {
     give_back(api, ctx, taken.0, taken.1);
 }
 
+/// Everything charged to `from` (a green context destroyed while the primary context it may have
+/// created lives on) is `to`'s from now on, and goes when `to` ends.
+pub fn hand_over(from: u64, to: u64) {
+    let mut held = HELD.lock();
+    let Some(m) = held.as_mut() else { return };
+    let Some(h) = m.remove(&from) else { return };
+    let t = m.entry(to).or_insert(Held { dev: h.dev, ..Held::default() });
+    t.extra = t.extra.saturating_add(h.context + h.extra);
+}
+
 /// The context ended: everything charged to it goes.
 pub fn context_ended(api: Hook, ctx: u64) {
     let gone = HELD.lock().as_mut().and_then(|m| m.remove(&ctx));
