@@ -277,3 +277,39 @@ fn a_green_context_costs_what_the_driver_measures_and_gives_it_back_at_destroy()
     // call the device held it past the cap), then it is destroyed again and refused.
     agree_peak("1g", "100m", "init ctx 0 alloc 900m green 0 alloc 24m", &[("green", &[2]), ("alloc", &[0, 0])], false);
 }
+
+/// Libraries and green contexts go through the overhead ops: the trace and `report` show them
+/// apart from allocations.
+#[test]
+fn libraries_and_green_contexts_show_in_the_trace_and_report_as_overhead() {
+    let dir = private_group_dir();
+    let trace = dir.join("lg.jsonl");
+    let lib = dir.join("lg.cubin");
+    let out = Run::client("client_linked")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("FAKECUDA_CTX_BYTES", "100m")
+        .env("VRAMCAP_TRACE", &trace)
+        .args([format!("init ctx 0 cubin {l} 64m libdata {l} green 0 libunload 0 greendestroy 0 release2 0", l = lib.display())])
+        .run();
+    out.ok();
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let events: Vec<serde_json::Value> =
+        text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).filter(|v| v["type"] == "event").collect();
+    let seen: Vec<(&str, &str, u64)> =
+        events.iter().map(|e| (e["op"].as_str().unwrap(), e["api"].as_str().unwrap(), e["size"].as_u64().unwrap())).collect();
+    assert_eq!(seen, [
+        ("overhead", "cuDevicePrimaryCtxRetain", 100 * MIB),
+        // A module's size in the trace is what its context now holds: the context, the library's
+        // globals and the heap and FIFO its first module brings.
+        ("overhead", "cuLibraryLoadData", 173 * MIB),
+        ("overhead", "cuGreenCtxCreate", 25 * MIB),
+        ("overhead_free", "cuLibraryUnload", 64 * MIB),
+        ("overhead_free", "cuGreenCtxDestroy", 25 * MIB),
+        ("overhead_free", "cuDevicePrimaryCtxRelease_v2", 109 * MIB),
+    ], "{text}");
+    let report = std::process::Command::new(vramcap_bin()).args(["report", "--json"]).arg(&trace).output().unwrap();
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let dev = &v["processes"][0]["devices"][0];
+    assert_eq!((dev["overhead_peak"].as_u64(), dev["overhead_at_end"].as_u64()), (Some(198 * MIB), Some(0)), "{v}");
+}
