@@ -13,5 +13,7 @@
 
 pub mod config;
 pub mod grammar;
+#[doc(hidden)]
+pub mod litmus;
 pub mod group_ledger;
 pub mod trace;

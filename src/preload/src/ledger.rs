@@ -71,8 +71,14 @@ pub fn highest_used_device() -> usize {
 /// `bytes == 0` means no limit.
 pub fn set_limit(dev: usize, bytes: u64) {
     if let Some(b) = BUDGETS.get(dev) {
-        // Release: pairs with the Acquire loads of `reserve_local` (see there).
-        b.limit.store(if bytes == 0 { NO_LIMIT } else { bytes }, Ordering::Release);
+        // SeqCst, as are the loads it pairs with (the re-read after the CAS in `reserve_local`,
+        // and `charged` read after a change): a store then a load on one side, a CAS then a load
+        // on the other. Only sequential consistency of all four promises that at least one side
+        // sees the other; with Release the shrinker's later read of `charged` can pass this store
+        // (x86: it waits in the store buffer, a SeqCst store is an `xchg`) while a reservation
+        // re-reads the old limit, and a grant past the new limit goes unseen by both
+        // (tests::a_grant_the_shrinker_did_not_see_was_judged_by_the_new_limit). Not the hot path.
+        b.limit.store(if bytes == 0 { NO_LIMIT } else { bytes }, Ordering::SeqCst);
     }
 }
 
@@ -86,9 +92,10 @@ pub fn used(dev: usize) -> u64 {
 }
 
 /// What the cap counts on `dev`: [`used`] plus reservations for driver calls in flight (what
-/// `cuMemGetInfo` must not show as free).
+/// `cuMemGetInfo` must not show as free). SeqCst: read after a [`set_limit`], what it returns
+/// holds every grant that was not judged by the new limit (see there; on x86 a plain load).
 pub fn charged(dev: usize) -> u64 {
-    BUDGETS.get(dev).map_or(0, |b| b.charged.load(Ordering::Acquire))
+    BUDGETS.get(dev).map_or(0, |b| b.charged.load(Ordering::SeqCst))
 }
 
 /// The most this process held on `dev` at once.
@@ -175,15 +182,15 @@ fn reserve_local_racing(dev: usize, size: u64, gap: impl FnOnce()) -> Result<(),
             Some(n) if n <= limit => n,
             _ => return Err(Denied { used: cur, limit, group: false, rule: crate::group::shm::Rule::Budget }),
         };
-        match b.charged.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+        // The CAS and the re-read of the limit after it are SeqCst: the other half of the
+        // store-then-load pair with `set_limit` (see there). Free on x86: a locked CAS is a full
+        // fence whatever its ordering, and a SeqCst load is a plain load.
+        match b.charged.compare_exchange_weak(cur, next, Ordering::SeqCst, Ordering::Relaxed) {
             // The limit again after the CAS: it may shrink while we run (the ceiling file is
             // re-read live, issue 26), and a request that read the old one must not pass the new.
-            // Acquire is enough: `charged` is only ever written by read-modify-writes, so this
-            // AcqRel CAS read the end of a release sequence; a request that saw the new limit
-            // before its CAS (the limit's store happened before that CAS) thereby happened
-            // before this load too, which cannot return the older limit (coherence). Requests
-            // whose CAS came before every such one are judged by the limit in force then.
-            Ok(_) if b.limit.load(Ordering::Acquire) < next => return Err(shrank_meanwhile(b, size, next)),
+            // A shrinker that read `charged` after its store and did not see this CAS is
+            // ordered before it, so this load sees the new limit; one that saw it counts it.
+            Ok(_) if b.limit.load(Ordering::SeqCst) < next => return Err(shrank_meanwhile(b, size, next)),
             Ok(_) => return Ok(()),
             Err(actual) => cur = actual,
         }
@@ -501,6 +508,30 @@ mod tests {
         set_limit(d, 200);
         reserve_local_racing(d, 40, || set_limit(d, 100)).unwrap();
         assert_eq!(charged(d), 100);
+    }
+
+    /// A shrink against a reservation in flight, many times over, each round started together:
+    /// the shrinker stores the new limit and then reads what is charged; the reserver CASes its
+    /// charge up and then re-reads the limit. At least one must see the other (store-buffering):
+    /// a grant the shrinker did not see must have been judged by the new limit, which it does
+    /// not fit. With a Release store of the limit the shrinker's read of `charged` can pass its
+    /// own store (x86's store buffer), the reserver re-reads the old limit, and both miss.
+    #[test]
+    fn a_grant_the_shrinker_did_not_see_was_judged_by_the_new_limit() {
+        let d = 45;
+        let missed = vramcap_common::litmus::store_buffering_rounds(
+            200_000,
+            || {
+                release(d, charged(d));
+                set_limit(d, 1000);
+            },
+            || {
+                set_limit(d, 10);
+                charged(d)
+            },
+            || reserve_local(d, 100).is_ok(),
+        );
+        assert_eq!(missed, 0, "rounds in which a reservation of 100 was granted past a limit of 10 that the shrinker published first");
     }
 
     #[test]

@@ -343,10 +343,12 @@ impl Shared {
     }
 
     /// What the group's members hold on device entry `e` (the held budget less unmet reserves).
+    /// `held` is read SeqCst: read after a [`Shared::set_limit`] (`vramcap limit` says what the
+    /// group holds against the new budget), it counts every grant not judged by the new limit.
     #[inline]
     pub fn used(&self, e: usize) -> u64 {
         let d = &self.devices[e];
-        d.held.load(Acquire).saturating_sub(d.unmet.load(Acquire))
+        d.held.load(SeqCst).saturating_sub(d.unmet.load(Acquire))
     }
 
     /// The headroom of device entry `e` in bytes.
@@ -362,8 +364,14 @@ impl Shared {
 
     /// Sets a device's group limit (0 = none); returns the previous one.
     pub fn set_limit(&self, e: usize, bytes: u64) -> u64 {
-        // SeqCst: admission re-reads the limit after its CAS on `held` (`admit`), and must see
-        // this store if its CAS came after it.
+        // SeqCst, as are the loads it pairs with: a store (here) then a load of `held` (`used`)
+        // on one side, a CAS on `held` then a re-read of the limit on the other (`charge`,
+        // `admit_once`). Only if all four are SeqCst must one side see the other: a request
+        // whose CAS the setter's later look at `held` missed re-reads this limit, and one that
+        // re-read the old limit is in what the setter sees. With a Release store the two can
+        // both miss (x86: the load passes the store in the store buffer; a swap is a locked
+        // instruction, a full fence, and a SeqCst store an `xchg`).
+        // charge_tests::a_grant_the_setter_did_not_see_was_judged_by_the_new_limit.
         let old = self.devices[e].limit.swap(bytes, SeqCst);
         if old != bytes {
             self.header.limit_seq.fetch_add(1, Release);

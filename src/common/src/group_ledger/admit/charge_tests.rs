@@ -153,3 +153,25 @@ fn a_shrink_racing_a_request_under_the_general_rules_is_the_budget_it_is_judged_
     s.charge_racing(m, 0, 40, || { let _ = s.set_limit(0, 50); }).unwrap();
     assert_eq!((s.devices[0].held.load(Relaxed), s.used(0)), (40, 40));
 }
+
+// The setter's store then look at `held` against a request's CAS on `held` then re-read of the
+// limit, many times over (store-buffering, `crate::litmus`): a grant of 100 that the setter did
+// not see must have been judged by the limit of 10 it set first, which refuses it.
+#[test]
+fn a_grant_the_setter_did_not_see_was_judged_by_the_new_limit() {
+    let s: &'static Shared = Box::leak(fresh());
+    let m = s.claim(10, 5, 7).unwrap();
+    let missed = crate::litmus::store_buffering_rounds(
+        200_000,
+        || {
+            s.uncharge(m, 0, u64::MAX);
+            s.set_limit(0, 1000);
+        },
+        || {
+            s.set_limit(0, 10);
+            s.used(0)
+        },
+        || s.charge(m, 0, 100).is_ok(),
+    );
+    assert_eq!(missed, 0, "rounds in which a request of 100 was granted past a group limit of 10 set first");
+}

@@ -33,7 +33,9 @@ struct Taken {
     headroom: u64,
 }
 
-/// Adds `v` to `a` if the result stays ≤ `bound`; `Err(current)` otherwise.
+/// Adds `v` to `a` if the result stays ≤ `bound`; `Err(current)` otherwise. The CAS is SeqCst:
+/// on `held` it is the reservation half of the store-then-load pair with [`Shared::set_limit`]
+/// (see there). On x86 a locked CAS is a full fence whatever the ordering: the same code.
 #[inline]
 fn add_bounded(a: &AtomicU64, v: u64, bound: u64) -> Result<u64, u64> {
     let mut cur = a.load(Relaxed);
@@ -42,7 +44,7 @@ fn add_bounded(a: &AtomicU64, v: u64, bound: u64) -> Result<u64, u64> {
             Some(n) if n <= bound => n,
             _ => return Err(cur),
         };
-        match a.compare_exchange_weak(cur, next, AcqRel, Relaxed) {
+        match a.compare_exchange_weak(cur, next, SeqCst, Relaxed) {
             Ok(_) => return Ok(next),
             Err(actual) => cur = actual,
         }
@@ -172,14 +174,12 @@ impl Shared {
         gap();
         let Ok(held_after) = add_bounded(&d.held, size, limit) else { return self.charge_general(i, e, size, &|| {}) };
         // The limit again, after the CAS (issue 26), so that a request that read the old limit
-        // and charged after a shrink is held to the new one. Acquire is enough (no SeqCst): every
-        // write of `held` is a read-modify-write, so our AcqRel CAS read the end of a release
-        // sequence. Any request that saw the new limit before its own CAS made that CAS after
-        // the limit's store (happens-before), so our CAS, later on `held`, is too, and this load
-        // cannot return the older limit (coherence). A request whose CAS came before every such
-        // one is ordered before the change: judged by the limit then in force. So no burst gets
-        // past the lower of the two budgets at any point of `held`'s order.
-        let now = d.limit.load(Acquire);
+        // and charged after a shrink is held to the new one. SeqCst, like the CAS and the
+        // setter's store and its look at `held` after it ([`Shared::set_limit`]): a change whose
+        // setter did not see this CAS is seen here. Acquire would not do: a store then a load
+        // against a CAS then a load lets both sides miss the other. On x86 a SeqCst load is a
+        // plain load: the hot path pays nothing for it.
+        let now = d.limit.load(SeqCst);
         if now != raw {
             self.limit_moved(e, size, held_after, limit, now)?;
         }
@@ -308,8 +308,8 @@ impl Shared {
             }
         };
         let got: u64 = stolen.iter().map(|&(_, b)| b).sum();
-        // The limit again, after the CAS (issue 26): see `charge` for why Acquire is enough.
-        let now = d.limit.load(Acquire);
+        // The limit again, after the CAS (issue 26): SeqCst, see `charge_racing`.
+        let now = d.limit.load(SeqCst);
         if now != 0 && now < limit && held_after > now {
             return Err(self.undo_after_shrink(i, e, need - got, own, &stolen, now));
         }
