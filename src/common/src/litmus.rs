@@ -48,8 +48,14 @@ pub fn store_buffering_rounds(rounds: u32, reset: impl Fn(), shrink: impl Fn() -
             reset();
             meet(round, 0);
             let seen = shrink();
+            let mut spins = 0u32;
             while done.load(Acquire) < round + 1 {
-                std::hint::spin_loop();
+                spins += 1;
+                if spins.is_multiple_of(1024) {
+                    std::thread::yield_now(); // as in `meet`: the other side may be descheduled
+                } else {
+                    std::hint::spin_loop();
+                }
             }
             if granted.load(Acquire) == 1 && seen == 0 {
                 missed += 1;
