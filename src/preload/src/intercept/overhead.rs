@@ -58,37 +58,34 @@ const QUIET_TRIES: usize = 64;
 
 /// The books of `dev`, and what vramcap counted as allocations at that moment. Other threads'
 /// allocations go on meanwhile: one in flight is reserved (`charged`) before the driver has it
-/// and held (`used`) only after, so the driver's books may or may not show it yet. A reading
-/// taken while both counts stand still and agree has nothing in flight; failing that after a
+/// and held only after, and a free is no longer held before the driver has it and still charged
+/// until after; so the driver's books may or may not show either. A reading taken between two
+/// equal looks at the counts ([`ledger::Snapshot`]) with nothing reserved beyond what is held
+/// had nothing in flight, and nothing made and freed again meanwhile either: the look includes a
+/// count that only grows, so an allocation made, seen by the books and freed again between the two
+/// looks (`charged` and `held` back where they were) is not taken for a quiet moment. That mistake
+/// charged another thread's allocation as a context's overhead. Failing a quiet moment after a
 /// few tries, the bound that makes the overhead larger (`before`: the reservations counted as
 /// allocations; after: not) — too large can only deny, too small could pass the cap.
 /// `own`: this call's reservation, outstanding while it reads (not in flight elsewhere).
 fn quiet_read(dev: usize, only: Option<Source>, before: bool, own: u64) -> Option<(Reading, u64)> {
+    quiet_read_with(dev, before, own, || books::read(dev, only))
+}
+
+/// [`quiet_read`] with the books read by `read` (the unit tests put other threads' calls there).
+fn quiet_read_with(dev: usize, before: bool, own: u64, mut read: impl FnMut() -> Option<Reading>) -> Option<(Reading, u64)> {
     let ours = |c: u64| c.saturating_sub(total(dev));
-    // A free in flight is not seen by the counts alone: the driver has the memory back before
-    // vramcap un-charges it. So a quiet reading must hold twice, a yield apart, with the same
-    // books: a free that was between its driver call and its un-charge at the first reading has
-    // moved the counts by the second (unless its thread stayed descheduled all that time).
-    let quiet = || {
-        let (c1, h1) = (ledger::charged(dev), ledger::used(dev));
-        let r = books::read(dev, only)?;
-        let (c2, h2) = (ledger::charged(dev), ledger::used(dev));
-        Some((c1 == c2 && h1 == h2 && c1.saturating_sub(own) == h1).then_some((r, h1)))
-    };
     for _ in 0..QUIET_TRIES {
-        if let Some((r, h)) = quiet()? {
-            std::thread::yield_now();
-            if let Some((r2, h2)) = quiet()?
-                && h2 == h
-                && r2.used == r.used
-            {
-                return Some((r, ours(h)));
-            }
+        let s1 = ledger::snapshot(dev);
+        let r = read()?;
+        let s2 = ledger::snapshot(dev);
+        if s1 == s2 && s1.charged.saturating_sub(own) == s1.held() {
+            return Some((r, ours(s1.held())));
         }
         std::thread::yield_now();
     }
     let c = if before { ledger::charged(dev).saturating_sub(own) } else { ledger::used(dev) };
-    let r = books::read(dev, only)?;
+    let r = read()?;
     Some((r, ours(c)))
 }
 
@@ -348,6 +345,54 @@ mod tests {
         context_ended(Hook::cuCtxDestroy_v2, 7);
         assert_eq!((ledger::charged(d), ledger::used(d), total(d)), (0, 0, 0));
         ledger::set_limit(d, 0);
+    }
+
+    /// The mistake that got issue 24 reverted: while the books were read, another thread's
+    /// allocation was made (reserved, handed out, committed) and freed again (given back,
+    /// unreserved), so the counts looked the same before and after, but the books had it. That
+    /// reading must not be taken: it charged the other thread's allocation as overhead.
+    #[test]
+    fn an_allocation_made_and_freed_while_the_books_are_read_is_not_a_quiet_moment() {
+        let d = 60;
+        let mut calls = 0;
+        let read = || {
+            calls += 1;
+            if calls == 1 {
+                // Another thread: cuMemAlloc (48) seen by the books, then its cuMemFree.
+                ledger::reserve(d, 48).unwrap();
+                ledger::commit(d, 48);
+                ledger::uncommit(d, 48);
+                ledger::unreserve(d, 48);
+                return Some(Reading { source: Source::Process, used: 48 });
+            }
+            Some(Reading { source: Source::Process, used: 0 })
+        };
+        let (r, counted) = quiet_read_with(d, false, 0, read).unwrap();
+        assert_eq!((r.used, counted), (0, 0), "the reading taken while an allocation came and went was used");
+        assert_eq!(calls, 2);
+        // A reading with nothing moving is taken at once.
+        let (r, _) = quiet_read_with(d, false, 0, || Some(Reading { source: Source::Process, used: 5 })).unwrap();
+        assert_eq!(r.used, 5);
+    }
+
+    /// A free in flight (no longer held, still charged) or an allocation in flight (charged, not
+    /// yet held) is never a quiet moment either; nor is one that moved during the reading.
+    #[test]
+    fn a_reading_with_anything_in_flight_waits_for_it_to_land() {
+        let d = 59;
+        ledger::reserve(d, 10).unwrap();
+        ledger::commit(d, 10);
+        ledger::uncommit(d, 10); // a free whose driver call is under way
+        let mut calls = 0;
+        let read = || {
+            calls += 1;
+            if calls == 2 {
+                ledger::unreserve(d, 10); // ... returns during the second reading
+            }
+            Some(Reading { source: Source::Process, used: if calls <= 2 { 10 } else { 0 } })
+        };
+        let (r, counted) = quiet_read_with(d, false, 0, read).unwrap();
+        assert_eq!((r.used, counted, calls), (0, 0, 3));
     }
 
     #[test]
