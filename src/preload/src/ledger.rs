@@ -22,15 +22,15 @@ const NO_LIMIT: u64 = u64::MAX;
 /// a reservation for a call the driver refuses was never memory, and counting it made the peak of
 /// a process whose threads raced the driver's refusals higher than the device.
 ///
-/// `held` is kept as two counts that only ever grow (wrapping): bytes ever committed and bytes
-/// ever given back, `held` = their difference. One read-modify-write each way, as before, but a
-/// look at the counts can now tell "nothing moved" from "an allocation was made and freed again
-/// meanwhile" (back to the same `held`), which the overhead measurement must (`Snapshot`).
+/// `committed` (bytes ever committed; only grows, wrapping) lets a look at the counts tell
+/// "nothing moved" from "an allocation was made and freed again meanwhile", which leaves
+/// `charged` and `held` where they were: the overhead measurement must (`Snapshot`). One more
+/// read-modify-write on a line the commit has just taken anyway.
 #[repr(align(128))]
 struct Budget {
     charged: AtomicU64,
+    held: AtomicU64,
     committed: AtomicU64,
-    returned: AtomicU64,
     limit: AtomicU64,
     peak: AtomicU64,
 }
@@ -38,21 +38,12 @@ struct Budget {
 static BUDGETS: [Budget; MAX_DEVICES] = [const {
     Budget {
         charged: AtomicU64::new(0),
+        held: AtomicU64::new(0),
         committed: AtomicU64::new(0),
-        returned: AtomicU64::new(0),
         limit: AtomicU64::new(NO_LIMIT),
         peak: AtomicU64::new(0),
     }
 }; MAX_DEVICES];
-
-/// What is held, from the two growing counts. A difference past half the range is a count that
-/// went below zero (a double release, through a bug of ours, or a give-back read before the commit
-/// it undoes): nothing is held then.
-#[inline(always)]
-fn held_of(committed: u64, returned: u64) -> u64 {
-    let d = committed.wrapping_sub(returned);
-    if d > u64::MAX / 2 { 0 } else { d }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Denied {
@@ -109,22 +100,7 @@ pub fn limit(dev: usize) -> Option<u64> {
 
 /// What this process holds on `dev`: memory the driver handed out and has not been asked to free.
 pub fn used(dev: usize) -> u64 {
-    BUDGETS.get(dev).map_or(0, |b| {
-        // `committed` around `returned`: unchanged, the two are of one moment (what was held
-        // when `returned` was read); otherwise a commit came between, and a give-back might too.
-        // A thread that commits without pause between every two loads here gets a bound after
-        // a few tries: the earlier `committed`, never more than was held.
-        let mut c = b.committed.load(Ordering::Acquire);
-        for _ in 0..8 {
-            let r = b.returned.load(Ordering::Acquire);
-            let again = b.committed.load(Ordering::Acquire);
-            if again == c {
-                return held_of(c, r);
-            }
-            c = again;
-        }
-        held_of(c, b.returned.load(Ordering::Acquire))
-    })
+    BUDGETS.get(dev).map_or(0, |b| b.held.load(Ordering::Acquire))
 }
 
 /// What the cap counts on `dev`: [`used`] plus reservations for driver calls in flight (what
@@ -141,21 +117,17 @@ pub fn charged(dev: usize) -> u64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Snapshot {
     pub charged: u64,
+    pub held: u64,
     committed: u64,
-    returned: u64,
-}
-
-impl Snapshot {
-    /// What was held at this look.
-    pub fn held(&self) -> u64 {
-        held_of(self.committed, self.returned)
-    }
 }
 
 pub fn snapshot(dev: usize) -> Snapshot {
-    BUDGETS.get(dev).map_or(Snapshot { charged: 0, committed: 0, returned: 0 }, |b| Snapshot {
+    // `held` before `committed`: a look that sees `held` back where it was after a give-back also
+    // sees the commit before it (the commit's add to `committed` comes first in its thread, and
+    // the give-back's read-modify-write publishes it).
+    BUDGETS.get(dev).map_or(Snapshot { charged: 0, held: 0, committed: 0 }, |b| Snapshot {
         charged: b.charged.load(Ordering::SeqCst),
-        returned: b.returned.load(Ordering::SeqCst),
+        held: b.held.load(Ordering::SeqCst),
         committed: b.committed.load(Ordering::SeqCst),
     })
 }
@@ -201,10 +173,9 @@ pub fn unreserve(dev: usize, size: u64) {
 #[inline]
 pub fn commit(dev: usize, size: u64) {
     if let Some(b) = BUDGETS.get(dev) {
-        let committed = b.committed.fetch_add(size, Ordering::AcqRel).wrapping_add(size);
-        // Gives back racing this commit can only make `now` smaller than what was held at the
-        // add: the peak never records more than was held at once.
-        let now = held_of(committed, b.returned.load(Ordering::Acquire));
+        // Before `held`: see `snapshot`.
+        b.committed.fetch_add(size, Ordering::AcqRel);
+        let now = b.held.fetch_add(size, Ordering::AcqRel).saturating_add(size);
         // Read first: the read-modify-write is needed only when the mark moves.
         if now > b.peak.load(Ordering::Relaxed) {
             b.peak.fetch_max(now, Ordering::Relaxed);
@@ -217,7 +188,7 @@ pub fn commit(dev: usize, size: u64) {
 #[inline]
 pub fn uncommit(dev: usize, size: u64) {
     if let Some(b) = BUDGETS.get(dev) {
-        b.returned.fetch_add(size, Ordering::AcqRel);
+        sub_saturating(&b.held, size);
     }
 }
 
@@ -671,23 +642,19 @@ mod tests {
 
     #[test]
     fn a_snapshot_tells_an_allocation_made_and_freed_from_nothing_moving() {
-        let d = 42;
+        let d = 37;
         reserve(d, 7).unwrap();
         commit(d, 7);
         let a = snapshot(d);
-        assert_eq!((a.charged, a.held()), (7, 7));
+        assert_eq!((a.charged, a.held), (7, 7));
         assert_eq!(snapshot(d), a, "nothing moved");
         reserve(d, 48).unwrap();
         commit(d, 48);
         uncommit(d, 48);
         unreserve(d, 48);
         let b = snapshot(d);
-        assert_eq!((b.charged, b.held(), used(d), charged(d)), (7, 7, 7, 7), "back where it was");
+        assert_eq!((b.charged, b.held, used(d), charged(d)), (7, 7, 7, 7), "back where it was");
         assert_ne!(a, b, "but an allocation came and went");
-        // A give-back beyond what was committed (a bug of ours) reads as nothing held, not as
-        // nearly 2^64 bytes.
-        uncommit(d, 100);
-        assert_eq!(used(d), 0);
     }
 
     #[test]
