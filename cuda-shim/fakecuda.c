@@ -289,7 +289,7 @@ FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
     case 10: v = 32; break;            /* WARP_SIZE */
     case 12: v = 65536; break;         /* MAX_REGISTERS_PER_BLOCK */
     case 13: v = 1980000; break;       /* CLOCK_RATE (kHz) */
-    case 16: v = 132; break;           /* MULTIPROCESSOR_COUNT */
+    case 16: v = FC_SM_COUNT; break;   /* MULTIPROCESSOR_COUNT */
     case 19: v = 1; break;             /* CAN_MAP_HOST_MEMORY */
     case 31: v = 1; break;             /* CONCURRENT_KERNELS */
     case 33: v = 0x10 + dev; break;    /* PCI_BUS_ID (matches cuDeviceGetPCIBusId) */
@@ -297,7 +297,7 @@ FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
     case 36: v = 2619000; break;       /* MEMORY_CLOCK_RATE (kHz) */
     case 37: v = 5120; break;          /* GLOBAL_MEMORY_BUS_WIDTH */
     case 38: v = 50 << 20; break;      /* L2_CACHE_SIZE */
-    case 39: v = 2048; break;          /* MAX_THREADS_PER_MULTIPROCESSOR */
+    case 39: v = FC_THREADS_PER_SM; break; /* MAX_THREADS_PER_MULTIPROCESSOR */
     case 40: v = 2; break;             /* ASYNC_ENGINE_COUNT */
     case 41: v = 1; break;             /* UNIFIED_ADDRESSING */
     case 75: v = 9; break;             /* COMPUTE_CAPABILITY_MAJOR */

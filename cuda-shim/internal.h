@@ -14,6 +14,10 @@
 
 #define FC_API __attribute__((visibility("default")))
 #define FC_MAX_DEVICES 16
+/* MULTIPROCESSOR_COUNT and MAX_THREADS_PER_MULTIPROCESSOR (an H100's): cuDeviceGetAttribute says
+ * them, and a stack size costs that many resident threads' stacks (overhead.c). */
+#define FC_SM_COUNT 132
+#define FC_THREADS_PER_SM 2048
 
 /* Entry point ids, one per exported symbol, from the shared list. */
 enum fc_ep {

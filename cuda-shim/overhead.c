@@ -20,7 +20,8 @@
  *    does not fit fails the load (CUDA_ERROR_OUT_OF_MEMORY, nothing left loaded), or the
  *    context's creation;
  *  - CU_LIMIT_STACK_SIZE "takes effect immediately": the stack above the 1 KiB default costs the
- *    difference times FC_STACK_THREADS resident threads, from cuCtxSetLimit on.
+ *    difference times the threads the device holds resident (FC_SM_COUNT multiprocessors of
+ *    FC_THREADS_PER_SM, as cuDeviceGetAttribute says), from cuCtxSetLimit on.
  * Everything goes through fc_mem_overhead: cuMemGetInfo, fakecuda_stats, the shared device
  * counters and the fake NVML's per-process list all see it. A primary reset gives back all but
  * the context itself (modules, heap, FIFO, stack) and puts the limits back to their defaults.
@@ -35,7 +36,7 @@
 
 #include "internal.h"
 
-#define FC_STACK_THREADS 2048ULL
+#define FC_STACK_THREADS ((unsigned long long)FC_SM_COUNT * FC_THREADS_PER_SM)
 #define DEFAULT_STACK 1024ULL
 #define DEFAULT_HEAP (8ULL << 20)
 #define DEFAULT_FIFO (1ULL << 20)

@@ -203,6 +203,11 @@ pub struct nvmlPciInfo_t {
 // Modules and per-context limits (issue 24: memory no allocation returns).
 pub type CUmodule = *mut c_void;
 pub type CUlimit = c_int;
+pub const CU_LIMIT_STACK_SIZE: CUlimit = 0;
+pub const CU_LIMIT_PRINTF_FIFO_SIZE: CUlimit = 1;
+pub const CU_LIMIT_MALLOC_HEAP_SIZE: CUlimit = 2;
+pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
+pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: c_int = 39;
 pub type CUjit_option = c_int;
 /// A library (CUDA 12.0: context-independent loading) and its load options.
 pub type CUlibrary = *mut c_void;

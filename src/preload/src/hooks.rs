@@ -418,6 +418,8 @@ import_table! {
     Nvml fn nvmlInit_v2() -> nvmlReturn_t;
     Nvml fn nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> nvmlReturn_t;
     Cuda fn cuCtxGetLimit(*mut usize, CUlimit) -> CUresult;
+    // What a stack size costs: the device's resident threads (intercept::modules).
+    Cuda fn cuDeviceGetAttribute(*mut c_int, c_int, CUdevice) -> CUresult;
 }
 
 /// Base names in the table whose unknown variants are safe to pass through: they only read a

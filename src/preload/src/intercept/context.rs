@@ -224,7 +224,12 @@ fn finish_context(api: Hook, made: Option<(overhead::Probe, u64)>, ctx: u64, rc:
                 reserved
             }
         };
-        overhead::charge(api, ctx, d, bytes, reserved, true).is_ok()
+        let fits = overhead::charge(api, ctx, d, bytes, reserved, true).is_ok();
+        if fits && super::libraries::any_loaded() {
+            // Made with a copy of every loaded library, and so with its heap (measured above).
+            overhead::note_heap(ctx);
+        }
+        fits
     })
 }
 
@@ -421,6 +426,10 @@ unsafe fn reset(api: Hook, f: unsafe extern "C" fn(CUdevice) -> CUresult, dev: C
     let rc = unsafe { f(dev) };
     guarded((), || {
         ending_done(api, &ctxs, taken, rc == CUDA_SUCCESS, false);
+        if rc == CUDA_SUCCESS {
+            // Modules, heap and FIFO went: the next load brings them again.
+            ctxs.iter().for_each(|&c| overhead::heap_gone(c));
+        }
         if rc == CUDA_SUCCESS
             && let Some(p) = &probe
         {

@@ -46,6 +46,12 @@ struct Share {
 /// Loaded libraries (taken only under `context::serial()`).
 static LIBRARIES: Lock<Option<HashMap<u64, Vec<Share>>>> = Lock::new(None);
 
+/// Whether a library is loaded: a context made now gets a copy of each (eager loading), and the
+/// heap and FIFO with the first.
+pub(super) fn any_loaded() -> bool {
+    LIBRARIES.lock().as_ref().is_some_and(|m| !m.is_empty())
+}
+
 /// The device of a context; `None` where the driver cannot say (before CUDA 13: no
 /// `cuCtxGetDevice_v2`).
 fn device_of(ctx: u64) -> Option<usize> {
@@ -122,6 +128,8 @@ fn load(api: Hook, out: *mut CUlibrary, globals: impl FnOnce() -> u64, call: imp
         before.iter().for_each(|(s, _)| ledger::unreserve(s.dev, s.globals));
         return rc;
     }
+    // Loaded into each of them (eager loading), even if undone below: their heaps are taken.
+    guarded((), || before.iter().flat_map(|(s, _)| &s.ctxs).filter(|&&c| c != 0).for_each(|&c| overhead::note_heap(c)));
     let lib = unsafe { *out } as u64;
     let mut shares = Vec::new();
     let mut refused = false;

@@ -12,16 +12,19 @@ use crate::ledger;
 use std::os::unix::ffi::OsStrExt;
 use crate::sync::Lock;
 use std::collections::HashMap;
-use std::ffi::{c_char, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 
 /// The context (and its device) each loaded module was loaded into.
 static MODULES: Lock<Option<HashMap<u64, (u64, usize)>>> = Lock::new(None);
 
 /// A call that may take memory for the current context: `estimate` (what it takes at least)
-/// reserved first, the rest measured and charged, undone if it does not fit. Without a current
-/// context the driver refuses the call itself.
+/// reserved first — a call whose estimate does not fit is refused before the driver makes the
+/// device hold it — the rest measured and charged, undone if it does not fit. `loads`: a module
+/// load, which also brings the context's malloc heap and printf FIFO if it is the first
+/// ([`heap_estimate`]). Without a current context the driver refuses the call itself.
 fn measured_call(
     api: Hook,
+    loads: bool,
     estimate: impl FnOnce() -> u64,
     call: impl FnOnce() -> CUresult,
     undo: impl FnOnce(),
@@ -36,7 +39,7 @@ fn measured_call(
         return e.code();
     }
     let probe = guarded(None, || Some(overhead::probe(dev)));
-    let est = guarded(0, estimate);
+    let est = guarded(0, || estimate().saturating_add(if loads { heap_estimate(ctx) } else { 0 }));
     if est > 0
         && let Err(e) = guarded(Err(CUDA_ERROR_OUT_OF_MEMORY), || overhead::reserve(api, dev, est))
     {
@@ -46,6 +49,10 @@ fn measured_call(
     if rc != CUDA_SUCCESS {
         ledger::unreserve(dev, est);
         return rc;
+    }
+    if loads {
+        // Loaded, even if undone below: the heap stays with the context.
+        guarded((), || overhead::note_heap(ctx));
     }
     let delta = probe.as_ref().and_then(|p| guarded(None, || overhead::measured(p, est)));
     let fits = guarded(Ok(()), || match delta {
@@ -69,9 +76,42 @@ fn measured_call(
     rc
 }
 
+/// What the context's first module load takes besides the module: the malloc heap and the printf
+/// FIFO at their set sizes ("the actual memory allocation for the heap occurs when a module is
+/// loaded into the context", CUDA Programming Guide); nothing once a load brought them.
+pub(super) fn heap_estimate(ctx: u64) -> u64 {
+    if overhead::heap_taken(ctx) {
+        return 0;
+    }
+    let Some(get) = import::cuCtxGetLimit() else { return 0 };
+    let size = |limit: CUlimit| {
+        let mut v = 0usize;
+        if unsafe { get(&mut v, limit) } == CUDA_SUCCESS { v as u64 } else { 0 }
+    };
+    size(CU_LIMIT_MALLOC_HEAP_SIZE).saturating_add(size(CU_LIMIT_PRINTF_FIFO_SIZE))
+}
+
+/// What raising the stack from `old` to `value` bytes a thread takes at once: every thread the
+/// device can hold resident gets its stack (multiprocessors × threads per multiprocessor); 0 where
+/// the driver cannot say.
+fn stack_estimate(old: usize, value: usize) -> u64 {
+    let (Some(dev_of), Some(attr)) = (import::cuCtxGetDevice(), import::cuDeviceGetAttribute()) else { return 0 };
+    let mut dev: CUdevice = 0;
+    if unsafe { dev_of(&mut dev) } != CUDA_SUCCESS {
+        return 0;
+    }
+    let get = |a: c_int| {
+        let mut v: c_int = 0;
+        if unsafe { attr(&mut v, a, dev) } == CUDA_SUCCESS { u64::try_from(v).unwrap_or(0) } else { 0 }
+    };
+    let threads = get(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).saturating_mul(get(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR));
+    (value.saturating_sub(old) as u64).saturating_mul(threads)
+}
+
 fn load(api: Hook, module: *mut CUmodule, estimate: impl FnOnce() -> u64, call: impl FnOnce() -> CUresult) -> CUresult {
     measured_call(
         api,
+        true,
         estimate,
         call,
         || {
@@ -169,7 +209,10 @@ pub unsafe fn set_limit(limit: CUlimit, value: usize) -> CUresult {
     let known = import::cuCtxGetLimit().is_some_and(|g| unsafe { g(&mut old, limit) } == CUDA_SUCCESS);
     measured_call(
         Hook::cuCtxSetLimit,
-        || 0,
+        false,
+        // The stack is taken at once ("takes effect immediately"); the heap and FIFO at the next
+        // first module load, reserved there.
+        || if known && limit == CU_LIMIT_STACK_SIZE { stack_estimate(old, value) } else { 0 },
         || unsafe { f(limit, value) },
         || {
             if known {

@@ -275,8 +275,28 @@ pub fn hand_over(from: u64, to: u64) {
     t.extra = t.extra.saturating_add(h.context + h.extra);
 }
 
+/// Contexts whose malloc heap and printf FIFO the driver has taken (a module or library was
+/// loaded into them): the next load there brings none (`modules::heap_estimate`).
+static HEAPED: Lock<Option<std::collections::HashSet<u64>>> = Lock::new(None);
+
+pub fn note_heap(ctx: u64) {
+    HEAPED.lock().get_or_insert_with(Default::default).insert(ctx);
+}
+
+pub fn heap_taken(ctx: u64) -> bool {
+    HEAPED.lock().as_ref().is_some_and(|s| s.contains(&ctx))
+}
+
+/// The driver gave back what modules brought to `ctx` (a primary reset keeps the context).
+pub fn heap_gone(ctx: u64) {
+    if let Some(s) = HEAPED.lock().as_mut() {
+        s.remove(&ctx);
+    }
+}
+
 /// The context ended: everything charged to it goes.
 pub fn context_ended(api: Hook, ctx: u64) {
+    heap_gone(ctx);
     let gone = HELD.lock().as_mut().and_then(|m| m.remove(&ctx));
     if let Some(h) = gone {
         give_back(api, ctx, h.dev, h.context + h.extra);
