@@ -157,6 +157,14 @@ static void config_load_once(void)
         else
             bad_var("FAKECUDA_RELAUNCH_DELAY_US", v);
     }
+    /* A driver that takes this long to make a context (a real one takes tens to hundreds of
+     * milliseconds), holding the context's memory meanwhile: members starting together overlap. */
+    if ((v = getenv("FAKECUDA_CTX_DELAY_US"))) {
+        if (parse_int(v, 0, 10000000, &n) == 0)
+            fc_cfg.ctx_delay_us = n;
+        else
+            bad_var("FAKECUDA_CTX_DELAY_US", v);
+    }
     if ((v = getenv("FAKECUDA_FAIL_ALLOC"))) {
         char buf[64];
         char *colon;

@@ -89,6 +89,9 @@ CUresult fc_ctx_begin(struct fc_ctx *c)
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     pthread_mutex_unlock(&g_overhead_lock);
+    /* The memory is the context's from here on, while it is still being made. */
+    if (fc_cfg.ctx_delay_us > 0)
+        usleep((useconds_t)fc_cfg.ctx_delay_us);
     return CUDA_SUCCESS;
 }
 

@@ -95,3 +95,35 @@ fn a_tool_that_never_starts_cuda_sees_what_the_group_holds() {
     }
     a.sigkill();
 }
+
+/// Members starting together before any of them measured a context (issue 24): none knows what a
+/// context costs, so none can reserve it. The group's first context is measured by one member at
+/// a time, and the others reserve the size it measured, so the device never holds more than the
+/// budget, not even while contexts are being made (each takes 400 ms to make here, as a real
+/// driver takes a while; the members start within that).
+#[test]
+fn members_starting_together_never_hold_unmeasured_contexts_past_the_budget() {
+    let dir = private_group_dir();
+    let devfile = dir.join("device");
+    // 700 MiB: two 300 MiB contexts fit, a third does not.
+    let mut members: Vec<Running> = (0..4)
+        .map(|_| {
+            Run::client("client_linked")
+                .env("VRAMCAP_GROUP", "first")
+                .env("VRAMCAP_GROUP_DIR", &dir)
+                .env("VRAMCAP_GROUP_LIMIT", "700m")
+                .env("FAKECUDA_CTX_BYTES", "300m")
+                .env("FAKECUDA_CTX_DELAY_US", "400000")
+                .env("FAKECUDA_SHARED_DEVICE", &devfile)
+                .args(["init ctx 0 sleep 60000"])
+                .spawn()
+        })
+        .collect();
+    let rcs: Vec<i64> = members.iter_mut().map(|m| m.wait_for("ctx").rc()).collect();
+    let (held, peak) = device(&devfile);
+    assert!(peak <= 700 * MIB, "the device held {} MiB past the group's 700 MiB: {rcs:?}", peak / MIB);
+    assert_eq!(rcs.iter().filter(|&&rc| rc == 0).count(), 2, "two contexts fit: {rcs:?}");
+    assert_eq!(rcs.iter().filter(|&&rc| rc == 2).count(), 2, "the others are refused with out of memory: {rcs:?}");
+    assert_eq!(held, 600 * MIB);
+    members.into_iter().for_each(Running::sigkill);
+}

@@ -33,7 +33,8 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// others; per device the exported bytes whose exporter ended while members held imports
 /// (`orphans`).
 /// 6 (issue 24): per device the size of the largest context a member measured there
-/// (`context_bytes`), which a member reserves before it creates its first context.
+/// (`context_bytes`), which a member reserves before it creates its first context, and who is
+/// measuring the group's first one there (`context_lease`).
 pub const VERSION: u32 = 6;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
@@ -97,6 +98,10 @@ pub struct Device {
     /// device: what another member reserves before creating one, so that a context the budget
     /// cannot hold is refused before the driver makes it (issue 24). 0: none measured yet.
     pub context_bytes: AtomicU64,
+    /// The member measuring the group's first context on this device (`holder_token`; 0:
+    /// nobody): while it does, others wait for its size instead of making theirs unreserved
+    /// ([`super::lease`]).
+    pub context_lease: AtomicU64,
 }
 
 #[repr(C, align(64))]
@@ -455,9 +460,10 @@ impl Shared {
             self.release_orphans();
         }
         self.forget_loans(i);
-        // The headroom goes back with its holder.
+        // The headroom goes back with its holder, and so does a context lease.
         let token = holder_token(i, sw.generation);
         let _ = self.header.headroom_holder.compare_exchange(token, 0, AcqRel, Relaxed);
+        self.drop_context_leases(token);
         // A CAS, not a store: if another observer took the emptying over (it judged us dead),
         // exactly one of us frees the slot, and never over a member that claimed it since.
         let free = SlotWord { state: State::Free, generation: sw.generation, pid: 0 }.pack();

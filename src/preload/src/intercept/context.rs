@@ -195,10 +195,14 @@ fn begin_context(api: Hook, dev: CUdevice) -> Option<Option<(overhead::Probe, u6
             Some(p) => Some(Some((p, reserved))),
             None => {
                 ledger::unreserve(d, reserved);
+                overhead::context_settled(d);
                 Some(None)
             }
         },
-        Err(_) => None,
+        Err(_) => {
+            overhead::context_settled(d);
+            None
+        }
     }
 }
 
@@ -212,12 +216,20 @@ fn guarded_probe(d: usize) -> Option<overhead::Probe> {
 fn finish_context(api: Hook, made: Option<(overhead::Probe, u64)>, ctx: u64, rc: CUresult) -> bool {
     let Some((probe, reserved)) = made else { return true };
     let d = probe.dev;
+    let fits = finish_measured(api, &probe, reserved, ctx, rc);
+    // After the size was noted (or the context not made): a member waiting for it goes on.
+    overhead::context_settled(d);
+    fits
+}
+
+fn finish_measured(api: Hook, probe: &overhead::Probe, reserved: u64, ctx: u64, rc: CUresult) -> bool {
+    let d = probe.dev;
     if rc != CUDA_SUCCESS {
         ledger::unreserve(d, reserved);
         return true;
     }
     guarded(true, || {
-        let bytes = match overhead::measured(&probe, reserved) {
+        let bytes = match overhead::measured(probe, reserved) {
             Some(b) => b.clamp(0, u64::MAX as i128) as u64,
             None => {
                 unmeasured(d);

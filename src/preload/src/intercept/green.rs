@@ -57,6 +57,9 @@ pub unsafe fn create(g: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice,
         return e.code();
     }
     let api = Hook::cuGreenCtxCreate;
+    // A first-context lease `reserve_context` may take goes back on every way out (this create
+    // notes no context size: a member waiting on it makes its own next, one at a time).
+    let _settle = overhead::Settle(d);
     let had_primary = guarded(true, || context::primary_active(dev));
     // The books first, then the reservations: a reading must not count our own.
     let probe = guarded(None, || Some(overhead::probe(d)));

@@ -13,7 +13,8 @@
 //! (`context::serial`), so two of these calls never measure each other's memory.
 //!
 //! A context cannot be refused before it exists, since its size is only known after: the size
-//! last measured for a context on the device is reserved before the call (none for the first),
+//! last measured for a context on the device is reserved before the call (none for the first; in
+//! a group, the first is measured by one member at a time, `group::first_context`),
 //! and a context whose measured size does not fit is ended at once and refused with the driver's
 //! `CUDA_ERROR_OUT_OF_MEMORY`; so is a module (unloaded) and a limit (put back).
 
@@ -146,11 +147,40 @@ pub fn source(p: &Probe) -> Option<Source> {
 /// (nothing reserved) when that cannot fit.
 pub fn reserve_context(api: Hook, dev: usize) -> Result<u64, CUresult> {
     // This process's last context, or the largest any member of its group measured there.
-    let est = LAST_CONTEXT.get(dev).map_or(0, |l| l.load(Ordering::Acquire)).max(crate::group::context_estimate(dev));
+    let last = LAST_CONTEXT.get(dev).map_or(0, |l| l.load(Ordering::Acquire));
+    let mut est = last.max(crate::group::context_estimate(dev));
+    if est == 0 && crate::group::first_context(dev) {
+        // This member measures the group's first one: the others wait for its size.
+        if let Some(l) = LEASED.get(dev) {
+            l.store(true, Ordering::Release);
+        }
+    } else if est == 0 {
+        est = crate::group::context_estimate(dev);
+    }
     if est == 0 {
         return Ok(0);
     }
     reserve(api, dev, est).map(|()| est)
+}
+
+/// Devices where this process holds the group's first-context lease (`group::first_context`).
+static LEASED: [std::sync::atomic::AtomicBool; MAX_DEVICES] = [const { std::sync::atomic::AtomicBool::new(false) }; MAX_DEVICES];
+
+/// [`context_settled`] when dropped: for a creation with many ways out (`green::create`).
+pub struct Settle(pub usize);
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        context_settled(self.0);
+    }
+}
+
+/// A context creation [`reserve_context`] prepared is over (made and measured, or not made): a
+/// first-context lease goes back, after the size was noted.
+pub fn context_settled(dev: usize) {
+    if LEASED.get(dev).is_some_and(|l| l.swap(false, Ordering::AcqRel)) {
+        crate::group::first_context_done(dev);
+    }
 }
 
 /// Reserves `size` bytes of overhead on `dev`, or refuses them with the driver's out-of-memory
