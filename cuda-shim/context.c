@@ -71,7 +71,13 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
         return CUDA_ERROR_OUT_OF_MEMORY;
     c->dev = dev;
     c->usage = 1;               /* documented: a new context has a usage count of one */
+    /* Begun under the registry's lock: a library loaded meanwhile is in it or loads into it. */
     pthread_mutex_lock(&g_ctx_lock);
+    if (fc_ctx_begin(c) != CUDA_SUCCESS) {   /* a context takes device memory of its own */
+        pthread_mutex_unlock(&g_ctx_lock);
+        free(c);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     c->next = g_user_ctxs;
     g_user_ctxs = c;
     pthread_mutex_unlock(&g_ctx_lock);
@@ -123,6 +129,7 @@ static void ctx_end(CUcontext ctx)
             tls_stack[j++] = tls_stack[i];
     tls_depth = j;
     fc_ctx_free_memory(ctx);
+    fc_ctx_finish(ctx);
 }
 
 static CUresult ctx_destroy(CUcontext ctx)
@@ -313,24 +320,45 @@ FC_API CUresult cuCtxSynchronize(void)
     return CUDA_SUCCESS;
 }
 
+CUresult fc_ctx_each_live(CUresult (*fn)(struct fc_ctx *, void *), void *arg)
+{
+    CUresult rc = CUDA_SUCCESS;
+    struct fc_ctx *it;
+
+    pthread_mutex_lock(&g_ctx_lock);
+    for (int i = 0; i < fc_cfg.device_count && rc == CUDA_SUCCESS; i++)
+        if (g_primary_refs[i] > 0)
+            rc = fn(&g_primary[i], arg);
+    for (it = g_user_ctxs; it && rc == CUDA_SUCCESS; it = it->next)
+        if (!atomic_load(&it->destroyed))
+            rc = fn(it, arg);
+    pthread_mutex_unlock(&g_ctx_lock);
+    return rc;
+}
+
 /* ------------------------------------------------------- primary contexts */
 
-struct fc_ctx *fc_primary_retain(int dev)
+CUresult fc_primary_retain(int dev, struct fc_ctx **out)
 {
     pthread_mutex_lock(&g_ctx_lock);
     g_primary[dev].dev = dev;
     g_primary[dev].primary = 1;
+    /* The first retain creates the context: it takes its memory then, or fails. */
+    if (g_primary_refs[dev] == 0 && fc_ctx_begin(&g_primary[dev]) != CUDA_SUCCESS) {
+        pthread_mutex_unlock(&g_ctx_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     g_primary_refs[dev]++;
     pthread_mutex_unlock(&g_ctx_lock);
-    return &g_primary[dev];
+    *out = &g_primary[dev];
+    return CUDA_SUCCESS;
 }
 
 FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     FC_COUNT(cuDevicePrimaryCtxRetain);
     DEV_CHECK(pctx, dev);
-    *pctx = fc_primary_retain(dev);
-    return CUDA_SUCCESS;
+    return fc_primary_retain(dev, pctx);
 }
 
 /* Documented: the context is reset once the last reference is released (its memory freed);
@@ -352,6 +380,7 @@ CUresult fc_primary_release(int dev)
     if (last) {                 /* under the lock: a racing retain gets a context already reset */
         fc_ctx_free_memory(&g_primary[dev]);
         fc_green_primary_ended(dev);
+        fc_ctx_finish(&g_primary[dev]);
     }
     pthread_mutex_unlock(&g_ctx_lock);
     return rc;
@@ -384,6 +413,7 @@ static CUresult primary_reset(CUdevice dev)
     g_primary[dev].primary = 1;
     fc_ctx_free_memory(&g_primary[dev]);
     fc_green_primary_ended(dev);
+    fc_ctx_reset_modules(&g_primary[dev]);
     pthread_mutex_unlock(&g_ctx_lock);
     return CUDA_SUCCESS;
 }

@@ -427,6 +427,41 @@ CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n, CUstrea
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
 CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
 
+
+/* Modules and per-context limits (issue 24). */
+typedef struct fc_module *CUmodule;       /* opaque */
+typedef int CUlimit;
+typedef int CUjit_option;
+#define CU_LIMIT_STACK_SIZE 0
+#define CU_LIMIT_PRINTF_FIFO_SIZE 1
+#define CU_LIMIT_MALLOC_HEAP_SIZE 2
+#define CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH 3
+#define CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT 4
+#define CU_LIMIT_MAX_L2_FETCH_GRANULARITY 5
+#define CU_LIMIT_PERSISTING_L2_CACHE_SIZE 6
+#define CUDA_ERROR_UNSUPPORTED_LIMIT 215
+#define CUDA_ERROR_INVALID_IMAGE 200
+#define CUDA_ERROR_SHARED_OBJECT_INIT_FAILED 303
+#define CUDA_ERROR_FILE_NOT_FOUND 301
+CUresult cuModuleLoad(CUmodule *module, const char *fname);
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options, void **optionValues);
+CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin);
+CUresult cuModuleUnload(CUmodule hmod);
+CUresult cuCtxSetLimit(CUlimit limit, size_t value);
+CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit);
+
+/* Libraries (CUDA 12.0): context-independent loading. */
+typedef struct fc_library *CUlibrary;     /* opaque */
+typedef int CUlibraryOption;
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues,
+                           unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                           unsigned int numLibraryOptions);
+CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
+                               void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                               void **libraryOptionValues, unsigned int numLibraryOptions);
+CUresult cuLibraryUnload(CUlibrary library);
+
 #ifdef __cplusplus
 }
 #endif

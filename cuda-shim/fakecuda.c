@@ -125,6 +125,9 @@ static void config_load_once(void)
         else
             bad_var("FAKECUDA_MEM", v);
     }
+    /* What one context costs on its device (0 or a size; unset: 0, as the fake always was). */
+    if ((v = getenv("FAKECUDA_CTX_BYTES")) && strcmp(v, "0") != 0 && parse_size(v, &fc_cfg.ctx_bytes))
+        bad_var("FAKECUDA_CTX_BYTES", v);
     if ((v = getenv("FAKECUDA_DRIVER_VERSION"))) {
         if (parse_int(v, 1, INT_MAX, &n) == 0)
             fc_cfg.driver_version = (int)n;
@@ -153,6 +156,14 @@ static void config_load_once(void)
             fc_cfg.relaunch_delay_us = n;
         else
             bad_var("FAKECUDA_RELAUNCH_DELAY_US", v);
+    }
+    /* A driver that takes this long to make a context (a real one takes tens to hundreds of
+     * milliseconds), holding the context's memory meanwhile: members starting together overlap. */
+    if ((v = getenv("FAKECUDA_CTX_DELAY_US"))) {
+        if (parse_int(v, 0, 10000000, &n) == 0)
+            fc_cfg.ctx_delay_us = n;
+        else
+            bad_var("FAKECUDA_CTX_DELAY_US", v);
     }
     if ((v = getenv("FAKECUDA_FAIL_ALLOC"))) {
         char buf[64];
@@ -286,7 +297,7 @@ FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
     case 10: v = 32; break;            /* WARP_SIZE */
     case 12: v = 65536; break;         /* MAX_REGISTERS_PER_BLOCK */
     case 13: v = 1980000; break;       /* CLOCK_RATE (kHz) */
-    case 16: v = 132; break;           /* MULTIPROCESSOR_COUNT */
+    case 16: v = FC_SM_COUNT; break;   /* MULTIPROCESSOR_COUNT */
     case 19: v = 1; break;             /* CAN_MAP_HOST_MEMORY */
     case 31: v = 1; break;             /* CONCURRENT_KERNELS */
     case 33: v = 0x10 + dev; break;    /* PCI_BUS_ID (matches cuDeviceGetPCIBusId) */
@@ -294,7 +305,7 @@ FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
     case 36: v = 2619000; break;       /* MEMORY_CLOCK_RATE (kHz) */
     case 37: v = 5120; break;          /* GLOBAL_MEMORY_BUS_WIDTH */
     case 38: v = 50 << 20; break;      /* L2_CACHE_SIZE */
-    case 39: v = 2048; break;          /* MAX_THREADS_PER_MULTIPROCESSOR */
+    case 39: v = FC_THREADS_PER_SM; break; /* MAX_THREADS_PER_MULTIPROCESSOR */
     case 40: v = 2; break;             /* ASYNC_ENGINE_COUNT */
     case 41: v = 1; break;             /* UNIFIED_ADDRESSING */
     case 75: v = 9; break;             /* COMPUTE_CAPABILITY_MAJOR */

@@ -27,6 +27,10 @@ int fakecuda_stats(int dev, fakecuda_stats_t *out);
  * NVML knows its GPUs without CUDA). 0 on success, -1 for a device that does not exist. */
 int fakecuda_uuid(int dev, unsigned char out[16]);
 int fakecuda_pci_bus(int dev);
+/* NVML's running-process list of CUDA ordinal dev: fills up to cap (host pid, bytes held) pairs,
+ * every process sharing FAKECUDA_SHARED_DEVICE or, without it, this one; returns how many there
+ * are (may exceed cap), -1 for a bad device. Works before cuInit. */
+int fakecuda_processes(int dev, unsigned int *pids, unsigned long long *bytes, int cap);
 /* Times the exported entry point `exported_name` was entered; 0 if unknown. */
 unsigned long long fakecuda_calls(const char *exported_name);
 /* The n-th allocation call from now (1 = next) fails with `code`; n <= 0 disarms. */

@@ -33,6 +33,7 @@ static int g_init;
 static int (*g_stats)(int, fakecuda_stats_t *);
 static int (*g_uuid)(int, unsigned char *);
 static int (*g_bus)(int);
+static int (*g_procs)(int, unsigned int *, unsigned long long *, int);
 
 static int count(void)
 {
@@ -50,7 +51,8 @@ API int nvmlInit_v2(void)
     *(void **)&g_stats = dlsym(h, "fakecuda_stats");
     *(void **)&g_uuid = dlsym(h, "fakecuda_uuid");
     *(void **)&g_bus = dlsym(h, "fakecuda_pci_bus");
-    if (!g_stats || !g_uuid || !g_bus)
+    *(void **)&g_procs = dlsym(h, "fakecuda_processes");
+    if (!g_stats || !g_uuid || !g_bus || !g_procs)
         return NVML_ERROR_UNKNOWN;
     g_init = 1;
     return NVML_SUCCESS;
@@ -181,4 +183,68 @@ API int nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int len)
     snprintf(uuid, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
              b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
     return NVML_SUCCESS;
+}
+
+/* nvmlProcessInfo_t (v2 and v3 share it) and nvmlProcessInfo_v1_t, as NVML documents them. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+#define NVML_NO_INSTANCE 0xFFFFFFFFu
+
+/* The documented contract: *count in = room in infos, out = processes; too little room (or
+ * infos NULL with processes to list) is NVML_ERROR_INSUFFICIENT_SIZE with *count the need.
+ * Processes are named by host pid, used memory includes contexts and modules. */
+static int running(nvmlDevice_t dev, unsigned int *count, void *infos, int v1)
+{
+    unsigned int pids[64];
+    unsigned long long bytes[64];
+    int n;
+
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!dev || !count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if ((n = g_procs(dev->index, pids, bytes, 64)) < 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (n > 64)
+        n = 64;
+    if ((unsigned int)n > *count || (n > 0 && !infos)) {
+        *count = (unsigned int)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < n; i++) {
+        if (v1) {
+            nvmlProcessInfo_v1_t *p = (nvmlProcessInfo_v1_t *)infos + i;
+            p->pid = pids[i];
+            p->usedGpuMemory = bytes[i];
+        } else {
+            nvmlProcessInfo_t *p = (nvmlProcessInfo_t *)infos + i;
+            p->pid = pids[i];
+            p->usedGpuMemory = bytes[i];
+            p->gpuInstanceId = p->computeInstanceId = NVML_NO_INSTANCE;
+        }
+    }
+    *count = (unsigned int)n;
+    return NVML_SUCCESS;
+}
+
+API int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count, nvmlProcessInfo_t *infos)
+{
+    return running(dev, count, infos, 0);
+}
+
+API int nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned int *count, nvmlProcessInfo_t *infos)
+{
+    return running(dev, count, infos, 0);
+}
+
+API int nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned int *count, nvmlProcessInfo_v1_t *infos)
+{
+    return running(dev, count, infos, 1);
 }

@@ -10,7 +10,11 @@
  *    primary context: what is allocated while it is current is the primary context's memory, freed
  *    when the primary context ends (fc_green_primary_ended), not before, even if the green context
  *    was destroyed; it cannot be destroyed with cuCtxDestroy. It is valid while the green context
- *    lives.
+ *    lives;
+ *  - a green context takes device memory of its own (its streams and per-SM state): a quarter of
+ *    FAKECUDA_CTX_BYTES, from cuGreenCtxCreate (CUDA_ERROR_OUT_OF_MEMORY when it does not fit) to
+ *    cuGreenCtxDestroy, through fc_mem_overhead like a context's (free memory, NVML's per-process
+ *    list).
  * Green contexts are kept in a registry and never freed, so a stale handle is detected.
  */
 #define _GNU_SOURCE
@@ -30,6 +34,7 @@ struct fc_resdesc {
 
 struct fc_green {
     unsigned int magic;     /* 0 once destroyed */
+    unsigned long long cost;    /* its own device memory */
     struct fc_ctx ctx;      /* what cuCtxFromGreenCtx hands out */
     struct fc_green *next;
 };
@@ -114,6 +119,8 @@ FC_API CUresult cuDevResourceGenerateDesc(CUdevResourceDesc *phDesc, CUdevResour
 FC_API CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice dev, unsigned int flags)
 {
     struct fc_green *g;
+    struct fc_ctx *primary;
+    CUresult rc;
 
     FC_COUNT(cuGreenCtxCreate);
     DEV_CHECK(phCtx, dev);
@@ -121,10 +128,20 @@ FC_API CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUde
         return CUDA_ERROR_INVALID_VALUE;
     if (!(g = calloc(1, sizeof *g)))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    /* It retains the primary context, which its creation may create (and find no room for). */
+    if ((rc = fc_primary_retain(dev, &primary)) != CUDA_SUCCESS) {
+        free(g);
+        return rc;
+    }
+    g->cost = fc_cfg.ctx_bytes / 4;
+    if (g->cost && fc_mem_overhead(dev, (long long)g->cost) != 0) {
+        fc_primary_release(dev);
+        free(g);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     g->magic = GREEN_MAGIC;
     g->ctx.dev = dev;
     g->ctx.primary = 1;         /* "treated as if it were a primary context" */
-    fc_primary_retain(dev);
     pthread_mutex_lock(&g_green_lock);
     g->next = g_greens;
     g_greens = g;
@@ -163,6 +180,8 @@ FC_API CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
     pthread_mutex_unlock(&g_green_lock);
     atomic_store(&g->ctx.destroyed, 1);
     dev = g->ctx.dev;
+    if (g->cost)
+        fc_mem_overhead(dev, -(long long)g->cost);
     /* The primary context the green context retained: its last release frees its memory, which
      * includes everything allocated in the green context. */
     return fc_primary_release(dev);

@@ -14,6 +14,10 @@
 
 #define FC_API __attribute__((visibility("default")))
 #define FC_MAX_DEVICES 16
+/* MULTIPROCESSOR_COUNT and MAX_THREADS_PER_MULTIPROCESSOR (an H100's): cuDeviceGetAttribute says
+ * them, and a stack size costs that many resident threads' stacks (overhead.c). */
+#define FC_SM_COUNT 132
+#define FC_THREADS_PER_SM 2048
 
 /* Entry point ids, one per exported symbol, from the shared list. */
 enum fc_ep {
@@ -54,7 +58,9 @@ struct fc_config {
     int init_fail;                          /* 0 = cuInit succeeds */
     long free_delay_us;                     /* FAKECUDA_FREE_DELAY_US: cuMemFree_v2, cuMemFreeAsync return this late */
     long relaunch_delay_us;                 /* FAKECUDA_RELAUNCH_DELAY_US: see fc_config_load */
+    int ctx_delay_us;                       /* FAKECUDA_CTX_DELAY_US: how long making a context takes */
     unsigned long long mem[FC_MAX_DEVICES]; /* total bytes per device */
+    unsigned long long ctx_bytes;           /* FAKECUDA_CTX_BYTES: device memory a context takes */
 };
 extern struct fc_config fc_cfg;
 void fc_config_load(void);                  /* idempotent (pthread_once) */
@@ -107,12 +113,19 @@ struct fc_ctx {
     int usage;              /* cuCtxCreate = 1, +1 per cuCtxAttach, -1 per cuCtxDetach (g_ctx_lock) */
     atomic_int destroyed;
     struct fc_ctx *next;    /* registry of cuCtxCreate'd contexts (never freed) */
+    /* Device memory the context itself holds (overhead.c, under g_overhead_lock): the context,
+     * its modules' globals, the heap and printf FIFO (reserved at its first module load), the
+     * stack above the default. */
+    unsigned long long ctx_bytes, module_bytes, heap_bytes, stack_bytes;
+    size_t limits[7];       /* cuCtxSetLimit values; 0 = the default (overhead.c) */
+    int modules;            /* modules loaded and not unloaded */
 };
 /* Current context of the calling thread, or NULL. */
 struct fc_ctx *fc_current_ctx(void);
-/* Primary contexts (context.c): one more reference, one less (the last resets it, freeing its
+/* Primary contexts (context.c): one more reference (the first creates the context and takes its
+ * memory: CUDA_ERROR_OUT_OF_MEMORY if it does not fit), one less (the last resets it, freeing its
  * memory); green.c retains one per green context. */
-struct fc_ctx *fc_primary_retain(int dev);
+CUresult fc_primary_retain(int dev, struct fc_ctx **out);
 CUresult fc_primary_release(int dev);
 /* Whether c is the CUcontext of a live green context (green.c). */
 int fc_green_ctx_valid(struct fc_ctx *c);
@@ -138,6 +151,15 @@ int fc_mem_account(int dev, long long delta, int live_delta); /* fc_mem_charge, 
 /* Managed memory (managed.c): cuMemFree of one (0; -1: not managed memory), a context's end. */
 int fc_managed_free(uintptr_t p);
 void fc_managed_ctx_gone(struct fc_ctx *c);
+int fc_mem_overhead(int dev, long long delta);    /* the same for memory no allocation returns */
+/* Overhead (overhead.c): a context takes its memory when it begins (0 ok, else the error) and
+ * gives back all it holds when it ends; a primary reset gives back its modules' part. */
+CUresult fc_ctx_begin(struct fc_ctx *c);   /* called with g_ctx_lock held (context.c) */
+/* fn on every live context (primary contexts retained, created ones not destroyed; green
+ * contexts are their primary context's), under the context registry's lock, until one fails. */
+CUresult fc_ctx_each_live(CUresult (*fn)(struct fc_ctx *, void *), void *arg);
+void fc_ctx_finish(struct fc_ctx *c);
+void fc_ctx_reset_modules(struct fc_ctx *c);
 /* FAKECUDA_SHARED_DEVICE: one allocation's or free's bytes on the counters shared by processes. */
 void fc_shared_device_account(int devno, long long delta);
 CUresult fc_mem_alloc_cur(CUdeviceptr *dptr, size_t size); /* cuMemAlloc_v2 semantics */

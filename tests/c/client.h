@@ -82,7 +82,16 @@
     X(cuDevResourceGenerateDesc, "cuDevResourceGenerateDesc", 12040, 0) \
     X(cuGreenCtxCreate, "cuGreenCtxCreate", 12040, 0) \
     X(cuCtxFromGreenCtx, "cuCtxFromGreenCtx", 12040, 0) \
-    X(cuGreenCtxDestroy, "cuGreenCtxDestroy", 12040, 0)
+    X(cuGreenCtxDestroy, "cuGreenCtxDestroy", 12040, 0) \
+    X(cuModuleLoad, "cuModuleLoad", 2000, 0) \
+    X(cuModuleLoadData, "cuModuleLoadData", 2000, 0) \
+    X(cuModuleLoadDataEx, "cuModuleLoadDataEx", 2010, 0) \
+    X(cuModuleUnload, "cuModuleUnload", 2000, 0) \
+    X(cuCtxSetLimit, "cuCtxSetLimit", 3010, 0) \
+    X(cuCtxGetLimit, "cuCtxGetLimit", 3010, 0) \
+    X(cuLibraryLoadData, "cuLibraryLoadData", 12000, 0) \
+    X(cuLibraryLoadFromFile, "cuLibraryLoadFromFile", 12000, 0) \
+    X(cuLibraryUnload, "cuLibraryUnload", 12000, 0)
 /* Pool lifetimes, stream devices, graphs and graph memory (ops_pool.c). */
 #define CLIENT_POOL(X) \
     X(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, 0) \
@@ -170,6 +179,8 @@ int client_ctx_op(const struct cu_api *api, const char *op, int argc, char **arg
 /* Managed-memory prefetch ops (ops_managed.c), same contract as client_extra_op. */
 int client_managed_op(const struct cu_api *api, const char *op, int argc, char **argv,
                       unsigned long long (*slot)(const char *));
+/* Module, limit and driver-books ops (ops_overhead.c), same contract as client_extra_op. */
+int client_overhead_op(const struct cu_api *api, const char *op, int argc, char **argv);
 /* Pool lifetime and graph ops (ops_pool.c), same contract as client_extra_op. */
 int client_pool_op(const struct cu_api *api, const char *op, int argc, char **argv,
                    unsigned long long (*new_slot)(unsigned long long),

@@ -595,6 +595,6 @@ int client_ctx_op(const struct cu_api *A, const char *op, int argc, char **argv,
         fork_storm(A, t, n, size, client_parse_long(ARG(3)));
         return 4;
     }
-    return -1;
+    return client_overhead_op(A, op, argc, argv);
 #undef ARG
 }

@@ -14,17 +14,6 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Root, and the kernel lets us make PID namespaces.
-fn can_unshare() -> bool {
-    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OK.get_or_init(|| {
-        is_root()
-            && Command::new("unshare")
-                .args(["--pid", "--fork", "--mount-proc", "--kill-child", "true"])
-                .status()
-                .is_ok_and(|s| s.success())
-    })
-}
 
 macro_rules! needs {
     ($cond:expr, $what:literal) => {
@@ -45,11 +34,7 @@ fn member(client: &str, dir: &Path, name: &str, limit: Option<&str>) -> Run {
 
 /// A member in a PID namespace of its own (pid 1 there), like a container's process.
 fn namespaced(client: &str, dir: &Path, name: &str, limit: Option<&str>, ops: &str) -> Run {
-    let r = Run::program(Path::new("unshare"))
-        .env("VRAMCAP_GROUP", name)
-        .env("VRAMCAP_GROUP_DIR", dir)
-        .args(["--pid --fork --mount-proc --kill-child"])
-        .args([ctests_dir().join(client).to_str().unwrap(), ops]);
+    let r = in_pid_namespace(client, true, ops).env("VRAMCAP_GROUP", name).env("VRAMCAP_GROUP_DIR", dir);
     match limit {
         Some(l) => r.env("VRAMCAP_GROUP_LIMIT", l),
         None => r,

@@ -21,3 +21,4 @@ mod lookups;
 mod numba;
 mod observe;
 mod prefetch;
+mod overhead;

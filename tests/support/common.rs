@@ -242,6 +242,27 @@ impl Run {
     }
 }
 
+/// Root, and the kernel lets us make PID namespaces (what [`in_pid_namespace`] needs).
+pub fn can_unshare() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        (unsafe { libc::geteuid() }) == 0
+            && Command::new("unshare")
+                .args(["--pid", "--fork", "--mount-proc", "--kill-child", "true"])
+                .status()
+                .is_ok_and(|s| s.success())
+    })
+}
+
+/// A C client in a PID namespace of its own (pid 1 there), like a container's process (root
+/// only). `own_proc`: with a `/proc` of that namespace too (`--mount-proc`: it cannot see its
+/// pid as the host knows it), else it sees the host's `/proc`.
+pub fn in_pid_namespace(client: &str, own_proc: bool, ops: &str) -> Run {
+    build_c();
+    let flags = if own_proc { "--pid --fork --mount-proc --kill-child" } else { "--pid --fork --kill-child" };
+    Run::program(Path::new("unshare")).args([flags]).args([ctests_dir().join(client).to_str().unwrap(), ops])
+}
+
 /// The three ways a program reaches the driver, one C client each: linked against libcuda.so.1,
 /// `dlopen`+`dlsym`, and `cuGetProcAddress_v2` on an `RTLD_LOCAL` handle (what the CUDA runtime
 /// does). A rule of the cap holds only if it holds on all three.

@@ -199,3 +199,28 @@ pub struct nvmlPciInfo_t {
     pub pci_sub_system_id: c_uint,
     pub bus_id: [std::ffi::c_char; 32],
 }
+
+// Modules and per-context limits (issue 24: memory no allocation returns).
+pub type CUmodule = *mut c_void;
+pub type CUlimit = c_int;
+pub const CU_LIMIT_STACK_SIZE: CUlimit = 0;
+pub const CU_LIMIT_PRINTF_FIFO_SIZE: CUlimit = 1;
+pub const CU_LIMIT_MALLOC_HEAP_SIZE: CUlimit = 2;
+pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
+pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: c_int = 39;
+pub type CUjit_option = c_int;
+/// A library (CUDA 12.0: context-independent loading) and its load options.
+pub type CUlibrary = *mut c_void;
+pub type CUlibraryOption = c_int;
+/// `nvmlProcessInfo_t` as `nvmlDeviceGetComputeRunningProcesses_v3` fills it.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct nvmlProcessInfo_t {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+pub const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
+/// `usedGpuMemory` when NVML cannot say (e.g. without the rights to see other processes).
+pub const NVML_VALUE_NOT_AVAILABLE: u64 = u64::MAX;

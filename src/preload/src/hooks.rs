@@ -7,7 +7,7 @@
 
 use crate::dl::Slot;
 use crate::ffi::*;
-use crate::intercept::{arrays, context, graph, green, host, init, managed, mem, nvml, pool, procaddr, vmm};
+use crate::intercept::{arrays, context, graph, green, host, init, libraries, managed, mem, modules, nvml, pool, procaddr, vmm};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -358,6 +358,28 @@ hook_table! {
             => host::ipc_open_v1;
     Cuda "cuIpcCloseMemHandle" 4010 false fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult => host::ipc_close;
 
+    // Memory no allocation returns (issue 24): modules and per-context limits.
+    Cuda "cuModuleLoad" 2000 false fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> CUresult => modules::load_file;
+    Cuda "cuModuleLoadData" 2000 false
+        fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult => modules::load_data;
+    Cuda "cuModuleLoadDataEx" 2010 false
+        fn cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, n: c_uint, options: *mut CUjit_option,
+            values: *mut *mut c_void) -> CUresult => modules::load_data_ex;
+    Cuda "cuModuleLoadFatBinary" 2000 false
+        fn cuModuleLoadFatBinary(module: *mut CUmodule, fat: *const c_void) -> CUresult => modules::load_fat_binary;
+    Cuda "cuModuleUnload" 2000 false fn cuModuleUnload(module: CUmodule) -> CUresult => modules::unload;
+    Cuda "cuCtxSetLimit" 3010 false fn cuCtxSetLimit(limit: CUlimit, value: usize) -> CUresult => modules::set_limit;
+    /// Libraries (CUDA 12.0) load into every context: measured on every device with one.
+    Cuda "cuLibraryLoadData" 12000 false
+        fn cuLibraryLoadData(lib: *mut CUlibrary, code: *const c_void, jit: *mut CUjit_option,
+            jit_values: *mut *mut c_void, n_jit: c_uint, opts: *mut CUlibraryOption, opt_values: *mut *mut c_void,
+            n_opts: c_uint) -> CUresult => libraries::load_data;
+    Cuda "cuLibraryLoadFromFile" 12000 false
+        fn cuLibraryLoadFromFile(lib: *mut CUlibrary, path: *const c_char, jit: *mut CUjit_option,
+            jit_values: *mut *mut c_void, n_jit: c_uint, opts: *mut CUlibraryOption, opt_values: *mut *mut c_void,
+            n_opts: c_uint) -> CUresult => libraries::load_from_file;
+    Cuda "cuLibraryUnload" 12000 false fn cuLibraryUnload(lib: CUlibrary) -> CUresult => libraries::unload;
+
     // NVML's view agrees with cuMemGetInfo.
     Nvml "nvmlDeviceGetMemoryInfo" 0 false
         fn nvmlDeviceGetMemoryInfo(dev: nvmlDevice_t, mem: *mut nvmlMemory_t) -> nvmlReturn_t => nvml::memory_info;
@@ -392,6 +414,12 @@ import_table! {
     Nvml fn nvmlDeviceGetCount_v2(*mut c_uint) -> nvmlReturn_t;
     Nvml fn nvmlDeviceGetHandleByIndex_v2(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
     Nvml fn nvmlDeviceGetPciInfo_v3(nvmlDevice_t, *mut nvmlPciInfo_t) -> nvmlReturn_t;
+    // The driver's books (intercept::books): what NVML says this process uses.
+    Nvml fn nvmlInit_v2() -> nvmlReturn_t;
+    Nvml fn nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> nvmlReturn_t;
+    Cuda fn cuCtxGetLimit(*mut usize, CUlimit) -> CUresult;
+    // What a stack size costs: the device's resident threads (intercept::modules).
+    Cuda fn cuDeviceGetAttribute(*mut c_int, c_int, CUdevice) -> CUresult;
 }
 
 /// Base names in the table whose unknown variants are safe to pass through: they only read a

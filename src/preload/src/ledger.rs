@@ -21,16 +21,28 @@ const NO_LIMIT: u64 = u64::MAX;
 /// reported (events' `used`, the summary's `used` and `peak`, the sidecar's snapshots) is `held`:
 /// a reservation for a call the driver refuses was never memory, and counting it made the peak of
 /// a process whose threads raced the driver's refusals higher than the device.
+///
+/// `committed` (bytes ever committed; only grows, wrapping) lets a look at the counts tell
+/// "nothing moved" from "an allocation was made and freed again meanwhile", which leaves
+/// `charged` and `held` where they were: the overhead measurement must (`Snapshot`). One more
+/// read-modify-write on a line the commit has just taken anyway.
 #[repr(align(128))]
 struct Budget {
     charged: AtomicU64,
     held: AtomicU64,
+    committed: AtomicU64,
     limit: AtomicU64,
     peak: AtomicU64,
 }
 
 static BUDGETS: [Budget; MAX_DEVICES] = [const {
-    Budget { charged: AtomicU64::new(0), held: AtomicU64::new(0), limit: AtomicU64::new(NO_LIMIT), peak: AtomicU64::new(0) }
+    Budget {
+        charged: AtomicU64::new(0),
+        held: AtomicU64::new(0),
+        committed: AtomicU64::new(0),
+        limit: AtomicU64::new(NO_LIMIT),
+        peak: AtomicU64::new(0),
+    }
 }; MAX_DEVICES];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +110,28 @@ pub fn charged(dev: usize) -> u64 {
     BUDGETS.get(dev).map_or(0, |b| b.charged.load(Ordering::SeqCst))
 }
 
+/// The counts of `dev` at one look. Two equal looks mean nothing was reserved, handed out or given
+/// back in between — including an allocation made and freed again meanwhile, which leaves
+/// [`used`] and [`charged`] where they were but not `committed` (it only grows). What the overhead
+/// measurement needs to trust a reading of the driver's books taken between the two looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub charged: u64,
+    pub held: u64,
+    committed: u64,
+}
+
+pub fn snapshot(dev: usize) -> Snapshot {
+    // `held` before `committed`: a look that sees `held` back where it was after a give-back also
+    // sees the commit before it (the commit's add to `committed` comes first in its thread, and
+    // the give-back's read-modify-write publishes it).
+    BUDGETS.get(dev).map_or(Snapshot { charged: 0, held: 0, committed: 0 }, |b| Snapshot {
+        charged: b.charged.load(Ordering::SeqCst),
+        held: b.held.load(Ordering::SeqCst),
+        committed: b.committed.load(Ordering::SeqCst),
+    })
+}
+
 /// The most this process held on `dev` at once.
 pub fn peak(dev: usize) -> u64 {
     BUDGETS.get(dev).map_or(0, |b| b.peak.load(Ordering::Acquire))
@@ -139,6 +173,8 @@ pub fn unreserve(dev: usize, size: u64) {
 #[inline]
 pub fn commit(dev: usize, size: u64) {
     if let Some(b) = BUDGETS.get(dev) {
+        // Before `held`: see `snapshot`.
+        b.committed.fetch_add(size, Ordering::AcqRel);
         let now = b.held.fetch_add(size, Ordering::AcqRel).saturating_add(size);
         // Read first: the read-modify-write is needed only when the mark moves.
         if now > b.peak.load(Ordering::Relaxed) {
@@ -451,6 +487,27 @@ extern "C" fn after_fork_child() {
     }
 }
 
+/// Of what this process holds on each device, the part the driver took beyond allocations
+/// (contexts, modules, per-context reservations: `intercept::overhead` keeps it). Off the
+/// allocation path: moved only by those rare calls, read by views and reports.
+static OVERHEAD: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+pub fn overhead(dev: usize) -> u64 {
+    OVERHEAD.get(dev).map_or(0, |o| o.load(Ordering::Acquire))
+}
+
+pub fn add_overhead(dev: usize, bytes: u64) {
+    if let Some(o) = OVERHEAD.get(dev) {
+        o.fetch_add(bytes, Ordering::AcqRel);
+    }
+}
+
+pub fn sub_overhead(dev: usize, bytes: u64) {
+    if let Some(o) = OVERHEAD.get(dev) {
+        sub_saturating(o, bytes);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -581,6 +638,23 @@ mod tests {
         reserve(d, 5).unwrap();
         commit(d, 5);
         assert_eq!((peak(d), used(d), charged(d)), (10, 5, 5));
+    }
+
+    #[test]
+    fn a_snapshot_tells_an_allocation_made_and_freed_from_nothing_moving() {
+        let d = 37;
+        reserve(d, 7).unwrap();
+        commit(d, 7);
+        let a = snapshot(d);
+        assert_eq!((a.charged, a.held), (7, 7));
+        assert_eq!(snapshot(d), a, "nothing moved");
+        reserve(d, 48).unwrap();
+        commit(d, 48);
+        uncommit(d, 48);
+        unreserve(d, 48);
+        let b = snapshot(d);
+        assert_eq!((b.charged, b.held, used(d), charged(d)), (7, 7, 7, 7), "back where it was");
+        assert_ne!(a, b, "but an allocation came and went");
     }
 
     #[test]

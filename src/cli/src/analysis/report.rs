@@ -203,6 +203,7 @@ pub fn to_json(r: &Report) -> Value {
                         "denied": d.denied, "failed": d.failed, "allocs": d.allocs, "frees": d.frees,
                         "other_events": d.other, "unmatched_frees": d.unmatched_frees,
                         "allocated_bytes": d.alloc_bytes, "used_at_end": d.used,
+                        "overhead_at_end": d.overhead, "overhead_peak": d.overhead_peak,
                         "limit": limit, "total": total,
                         "group_limit": group_limit_of(r, i, d.index),
                         "group_reserve": sh.reserve, "group_headroom": sh.headroom,
@@ -272,6 +273,10 @@ pub fn to_text(r: &Report) -> String {
             }
             let _ = writeln!(o, "    peak            {} at t={}", human(d.peak), secs(d.peak_t_ns));
             let _ = writeln!(o, "    allocations     {} ({} total), frees {}, other events {}", d.allocs, human(d.alloc_bytes), d.frees, d.other);
+            if d.overhead_peak > 0 {
+                // Contexts, modules, per-context reservations: in the peak and the cap, not allocations.
+                let _ = writeln!(o, "    overhead        {} at end, {} at most (contexts, modules, limits; counted in the peak)", human(d.overhead), human(d.overhead_peak));
+            }
             if let Some(held) = held_at_exit {
                 let _ = writeln!(o, "    held at exit    {} (the process's own count, from its summary)", human(held));
             }

@@ -96,6 +96,11 @@ pub struct DevStats {
     pub would_deny: u64,
     pub first_would_deny: Option<WouldDeny>,
     pub live: PtrMap<Live>,
+    /// Overhead (`overhead` / `overhead_free` events): memory the driver took that no allocation
+    /// returned, per context, now and at most; counted in `used` too, shown apart.
+    pub overhead: u64,
+    pub overhead_peak: u64,
+    pub overhead_by_ctx: PtrMap<u64>,
     /// Allocations whose address was handed out again before their free appeared in the file,
     /// oldest first: the free may still come (written after the re-allocation, stamped before
     /// it). At most [`SHADOWED_PER_ADDRESS`] per address.
@@ -125,6 +130,9 @@ impl DevStats {
             would_deny: 0,
             first_would_deny: None,
             live: PtrMap::default(),
+            overhead: 0,
+            overhead_peak: 0,
+            overhead_by_ctx: PtrMap::default(),
             shadowed: PtrMap::default(),
         }
     }
@@ -189,6 +197,19 @@ impl DevStats {
                 // Granted all the same: the `alloc` that follows moves the charge.
                 self.would_deny += 1;
                 self.first_would_deny.get_or_insert(WouldDeny { t_ns: e.t_ns, api: e.api, size: e.size, cap: e.result, limit: e.ptr, charge: e.dur_ns });
+            }
+            Op::Overhead | Op::OverheadFree => {
+                self.used = next_used(self.used, e);
+                // `overhead` says what the context holds now, `overhead_free` what it gave back.
+                let was = self.overhead_by_ctx.get(&e.ptr).copied().unwrap_or(0);
+                let now = if e.op == Op::Overhead { e.size } else { was.saturating_sub(e.size) };
+                if now == 0 {
+                    self.overhead_by_ctx.remove(&e.ptr);
+                } else {
+                    self.overhead_by_ctx.insert(e.ptr, now);
+                }
+                self.overhead = self.overhead.saturating_sub(was).saturating_add(now);
+                self.overhead_peak = self.overhead_peak.max(self.overhead);
             }
             Op::Map | Op::Unmap | Op::Reserve | Op::HostAlloc | Op::HostFree | Op::IpcOpen | Op::Other => {
                 self.used = next_used(self.used, e);

@@ -79,8 +79,13 @@ pub fn render(r: &Registry) -> String {
     let _ = writeln!(out, "vramcap_group_reclaimed_bytes_total {}", super::reclaim::RECLAIMED_BYTES.load(std::sync::atomic::Ordering::Relaxed));
 
     type Pick = fn(&super::state::Device) -> Option<u64>;
-    let gauges: [(&str, &str, Pick); 5] = [
+    let gauges: [(&str, &str, Pick); 6] = [
         ("vramcap_memory_used_bytes", "Device memory charged to the process now.", |d| Some(d.used)),
+        (
+            "vramcap_overhead_bytes",
+            "Of vramcap_memory_used_bytes, what the driver took beyond allocations (contexts, modules, per-context reservations), as measured from its books.",
+            |d| Some(d.overhead),
+        ),
         ("vramcap_memory_limit_bytes", "The process's cap on the device (absent when uncapped).", |d| d.limit),
         ("vramcap_memory_peak_bytes", "The most the process held on the device at once.", |d| Some(d.peak)),
         ("vramcap_group_memory_limit_bytes", "The budget of the process's group on the device (group members only).", |d| d.group_limit),
@@ -298,6 +303,20 @@ mod tests {
     }
 
     /// A group member's budget and its group's charge are exported beside its own numbers.
+    /// Overhead (issue 24) from the usage snapshot: apart from, and part of, the used bytes.
+    #[test]
+    fn overhead_is_exported_apart() {
+        let h = serde_json::json!({"type":"header","version":1,"pid":1,"exe":"py","devices":[{"index":0,"total":10,"limit":null}]});
+        let mut r = Registry::default();
+        let mut c = Client::from_header(99, 0, &h).unwrap();
+        c.apply(&serde_json::json!({"type":"usage","t_ns":1,"events":0,"dropped":0,"allocations":[],
+            "devices":[{"index":0,"used":700,"limit":null,"peak":700,"denied":0,"overhead":300}]})).unwrap();
+        r.clients.insert(1, c);
+        let m = render(&r);
+        assert!(m.contains("vramcap_overhead_bytes{pid=\"99\",device=\"0\",exe=\"py\"} 300"), "{m}");
+        assert!(m.contains("vramcap_memory_used_bytes{pid=\"99\",device=\"0\",exe=\"py\"} 700"), "{m}");
+    }
+
     #[test]
     fn group_budgets_are_exported() {
         let h = serde_json::json!({"type":"header","version":1,"pid":1,"exe":"py","group":"team",

@@ -16,6 +16,9 @@ pub struct Device {
     /// The group's budget and charge on the device (group members only).
     pub group_limit: Option<u64>,
     pub group_used: Option<u64>,
+    /// Of `used`, memory the driver took beyond allocations (contexts, modules, limits), as of
+    /// the last usage snapshot.
+    pub overhead: u64,
     /// The member's reserve, the group's headroom and (`equal`) the member's share on the
     /// device, where the group caps it (issue 17).
     pub group_reserve: Option<u64>,
@@ -224,6 +227,7 @@ impl Client {
             dev.would_deny = d.get("would_deny").and_then(Value::as_u64).unwrap_or(dev.would_deny);
             dev.group_limit = d.get("group_limit").and_then(Value::as_u64).or(dev.group_limit);
             dev.group_used = d.get("group_used").and_then(Value::as_u64).or(dev.group_used);
+            dev.overhead = d.get("overhead").and_then(Value::as_u64).unwrap_or(0);
             dev.group_reserve = d.get("group_reserve").and_then(Value::as_u64).or(dev.group_reserve);
             dev.group_headroom = d.get("group_headroom").and_then(Value::as_u64).or(dev.group_headroom);
             // The share moves as members come and go: the snapshot's is the one now.
@@ -287,7 +291,7 @@ impl Client {
             "dropped": self.dropped,
             "devices": self.devices.iter().map(|(i, d)| json!({
                 "index": i, "used": d.used, "limit": d.limit, "peak": d.peak, "denied": d.denied,
-                "would_deny": d.would_deny,
+                "would_deny": d.would_deny, "overhead": d.overhead,
                 "group_limit": d.group_limit, "group_used": d.group_used,
                 "group_reserve": d.group_reserve, "group_headroom": d.group_headroom, "group_share": d.group_share,
             })).collect::<Vec<_>>(),

@@ -156,6 +156,9 @@ pub fn render(state: &Value, socket: &Path) -> String {
             let limit = own.or(group);
             let used_limit = format!("{} / {}", human(n("used")), limit.map_or("-".to_string(), human));
             out.push_str(&row(&pid, &exe, &n("index").to_string(), &used_limit, &bar(n("used"), limit, 8), &human(n("peak")), &n("denied").to_string()));
+            if n("overhead") > 0 {
+                out.push_str(&under("overhead:", &[format!("{} of the used (contexts, modules, limits)", human(n("overhead")))]));
+            }
             if let Some(line) = group_line(c, d) {
                 out.push_str(&line);
             }
@@ -322,6 +325,17 @@ mod tests {
         let rows: Vec<&str> = t.lines().collect();
         let i = rows.iter().position(|l| l.trim_start().starts_with(pid)).unwrap();
         rows[i + 1..].iter().take_while(|l| l.starts_with("        ")).map(|l| l.trim()).collect::<Vec<_>>().join(" ")
+    }
+
+    /// Overhead gets a line of its own; none, no line.
+    #[test]
+    fn overhead_is_shown_apart() {
+        let state = serde_json::json!({"type":"state","bad_clients":0,"clients":[
+            {"pid":42,"exe":"python3","devices":[{"index":0,"used":1u64<<30,"limit":2u64<<30,"peak":1u64<<30,"denied":0,"overhead":300u64<<20}]},
+            {"pid":43,"exe":"plain","devices":[{"index":0,"used":1,"limit":2,"peak":1,"denied":0,"overhead":0}]}]});
+        let t = render(&state);
+        assert!(t.contains("overhead: 300.0 MiB of the used (contexts, modules, limits)"), "{t}");
+        assert_eq!(t.matches("overhead").count(), 1, "{t}");
     }
 
     /// A group member without a cap of its own is bounded by its group's budget, not `-`; one

@@ -22,6 +22,7 @@ pub mod exports;
 pub mod file;
 pub mod guard;
 pub mod join;
+pub mod lease;
 pub mod liveness;
 pub mod loan;
 pub mod shm;

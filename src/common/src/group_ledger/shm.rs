@@ -26,12 +26,16 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// an operator set with `vramcap limit` (`operator_limit`), which later members adopt; per member
 /// the reserve it took from lower priorities, by lender and device, so that it goes back to its
 /// lender when freed, and whether it started late (who may take the headroom).
-/// 5 (issues 23 and 26): the header's former padding word is the group's mode ([`MODE_ENFORCE`] or
-/// [`MODE_OBSERVE`]; a version 4 member would enforce while the group observes, or ignore a group
-/// that enforces); exported VMM memory outlives its exporter: per member the bytes of its charge
-/// it exported as shareable handles and the count of shareable handles it imported from others;
-/// per device the exported bytes whose exporter ended while members held imports (`orphans`).
-pub const VERSION: u32 = 5;
+/// 5 (issues 23 and 26): the header's former padding word is the group's mode ([`MODE_ENFORCE`]
+/// or [`MODE_OBSERVE`]; a version 4 member would enforce while the group observes, or ignore a
+/// group that enforces); exported VMM memory outlives its exporter: per member the bytes of its
+/// charge it exported as shareable handles and the count of shareable handles it imported from
+/// others; per device the exported bytes whose exporter ended while members held imports
+/// (`orphans`).
+/// 6 (issue 24): per device the size of the largest context a member measured there
+/// (`context_bytes`), which a member reserves before it creates its first context, and who is
+/// measuring the group's first one there (`context_lease`).
+pub const VERSION: u32 = 6;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
 pub const NAME_BYTES: usize = 64;
@@ -90,6 +94,14 @@ pub struct Device {
     /// The budget an operator set with `vramcap limit` (valid while `limit_by` says operator):
     /// a member joining with another `VRAMCAP_GROUP_LIMIT` puts this one back.
     pub operator_limit: AtomicU64,
+    /// The largest context (device memory a context takes itself) a member measured on this
+    /// device: what another member reserves before creating one, so that a context the budget
+    /// cannot hold is refused before the driver makes it (issue 24). 0: none measured yet.
+    pub context_bytes: AtomicU64,
+    /// The member measuring the group's first context on this device (`holder_token`; 0:
+    /// nobody): while it does, others wait for its size instead of making theirs unreserved
+    /// ([`super::lease`]).
+    pub context_lease: AtomicU64,
 }
 
 #[repr(C, align(64))]
@@ -448,9 +460,10 @@ impl Shared {
             self.release_orphans();
         }
         self.forget_loans(i);
-        // The headroom goes back with its holder.
+        // The headroom goes back with its holder, and so does a context lease.
         let token = holder_token(i, sw.generation);
         let _ = self.header.headroom_holder.compare_exchange(token, 0, AcqRel, Relaxed);
+        self.drop_context_leases(token);
         // A CAS, not a store: if another observer took the emptying over (it judged us dead),
         // exactly one of us frees the slot, and never over a member that claimed it since.
         let free = SlotWord { state: State::Free, generation: sw.generation, pid: 0 }.pack();
@@ -534,9 +547,9 @@ mod tests {
     fn layout_is_fixed() {
         // Changing this means changing VERSION: members built from different versions share files.
         assert_eq!(std::mem::size_of::<Header>(), 128);
-        assert_eq!(std::mem::size_of::<Device>(), 64);
+        assert_eq!(std::mem::size_of::<Device>(), 128);
         assert_eq!(std::mem::size_of::<Slot>(), 2368);
-        assert_eq!(LAYOUT_BYTES, 128 + 64 * 64 + 8 * 64 + 2368 * 1024);
+        assert_eq!(LAYOUT_BYTES, 128 + 128 * 64 + 8 * 64 + 2368 * 1024);
         assert_eq!(std::mem::offset_of!(Shared, devices) % 64, 0);
     }
 

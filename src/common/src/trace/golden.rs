@@ -82,9 +82,10 @@ fn usage() -> Usage {
                 would_deny: 2,
                 group_limit: Some(20 << 30),
                 group_used: Some(6 << 30),
+                overhead: 300 << 20,
                 sharing: sharing(2),
             },
-            DeviceUsage { index: 1, used: 0, limit: None, peak: 0, denied: 0, would_deny: 0, group_limit: None, group_used: None, sharing: DeviceSharing::default() },
+            DeviceUsage { index: 1, used: 0, limit: None, peak: 0, denied: 0, would_deny: 0, group_limit: None, group_used: None, overhead: 0, sharing: DeviceSharing::default() },
         ],
         allocations: vec![AllocCount { dev: 0, api: "cuMemAlloc_v2".into(), count: 7 }],
     }

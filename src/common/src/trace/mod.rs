@@ -51,13 +51,21 @@ pub enum Op {
     /// what that cap had charged before the request; written with the named fields `cap`,
     /// `limit` and `charge` as well.
     WouldDeny,
+    /// Device memory the driver took that no allocation returned (issue 24): a context, a
+    /// module's globals, a per-context reservation (`cuCtxSetLimit`), as measured from the
+    /// driver's books around the call named by `api`; `ptr` the context it belongs to, `size`
+    /// the bytes now charged for it. Counted against the cap like an allocation.
+    Overhead,
+    /// Overhead given back (the context ended, a module was unloaded, a limit lowered): `ptr`
+    /// the context, `size` the bytes.
+    OverheadFree,
     /// Read from a trace: an `op` this version does not know (never written).
     Other,
 }
 
 impl Op {
     /// Every op the library writes.
-    pub const WRITTEN: [Op; 12] = [
+    pub const WRITTEN: [Op; 14] = [
         Op::Alloc,
         Op::Free,
         Op::Deny,
@@ -70,6 +78,8 @@ impl Op {
         Op::IpcOpen,
         Op::Limit,
         Op::WouldDeny,
+        Op::Overhead,
+        Op::OverheadFree,
     ];
 
     pub fn name(self) -> &'static str {
@@ -86,6 +96,8 @@ impl Op {
             Op::IpcOpen => "ipc_open",
             Op::Limit => "limit",
             Op::WouldDeny => "would_deny",
+            Op::Overhead => "overhead",
+            Op::OverheadFree => "overhead_free",
             Op::Other => "other",
         }
     }
@@ -97,7 +109,7 @@ impl Op {
 
     /// Whether the event moves the cap's charge (the rest are traced only).
     pub fn is_counted(self) -> bool {
-        matches!(self, Op::Alloc | Op::Free | Op::Deny | Op::Fail)
+        matches!(self, Op::Alloc | Op::Free | Op::Deny | Op::Fail | Op::Overhead | Op::OverheadFree)
     }
 }
 

@@ -207,6 +207,10 @@ pub struct DeviceUsage {
     pub group_limit: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group_used: Option<u64>,
+    /// Of `used`, what the driver took beyond allocations (contexts, modules, per-context
+    /// reservations; issue 24). Absent: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub overhead: u64,
     #[serde(flatten)]
     pub sharing: DeviceSharing,
 }

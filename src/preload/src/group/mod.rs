@@ -4,7 +4,8 @@
 //! the process's side: attaching once limits are resolved, the member slot, and the
 //! reserve/release steps `ledger` calls after its own.
 //!
-//! Nothing here waits on another process: reservation is one CAS on the group's counter, slot
+//! Nothing here waits on another process (but a member making a context while another measures
+//! the group's first one, [`first_context`]): reservation is one CAS on the group's counter, slot
 //! registration one CAS on a slot word. A member killed at any point costs the others at most
 //! the one allocation it was in the middle of (counted, never lost).
 //!
@@ -13,6 +14,7 @@
 //! the memory (issue 15). Whoever next needs the budget (a member about to be denied, or the
 //! sidecar's sweep) finds the dead member by [`liveness`] and reclaims it.
 
+pub mod peek;
 pub mod pressure;
 pub mod sharing;
 
@@ -79,6 +81,75 @@ pub fn observing() -> bool {
     }
 }
 
+/// The largest context a member of the group measured on `dev` (0: none, or no group).
+pub fn context_estimate(dev: usize) -> u64 {
+    let (Some(s), Some(e)) = (shared(), entry(dev)) else { return 0 };
+    s.devices[e].context_bytes.load(Acquire)
+}
+
+/// A context measured `bytes` on `dev`: later members reserve at least that before making one.
+pub fn note_context(dev: usize, bytes: u64) {
+    if let (Some(s), Some(e)) = (shared(), entry(dev)) {
+        s.devices[e].context_bytes.fetch_max(bytes, AcqRel);
+    }
+}
+
+/// How long a member waits for another one to measure the group's first context on a device: a
+/// context takes a real driver well under a second to make; a holder stopped longer (a debugger,
+/// SIGSTOP) is not waited for any more, and this member makes its context unreserved.
+const LEASE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Before this member makes a context on `dev` while no member measured one there (issue 24):
+/// the group's first context is measured by one member at a time (`shm` lease), so that members
+/// starting together do not all make theirs unreserved past the budget. `true`: this member holds
+/// the lease (give it back with [`first_context_done`] once its size is noted); `false`: a size
+/// is known now ([`context_estimate`]), or there is no group, or the holder did not finish within
+/// [`LEASE_PATIENCE`]. The one place a member waits for another: only at a context's creation,
+/// never on an allocation, and a holder that dies gives the lease up with its slot.
+pub fn first_context(dev: usize) -> bool {
+    let (Some(s), Some(e)) = (shared(), entry(dev)) else { return false };
+    let Some(i) = my_slot(s) else { return false };
+    let start = std::time::Instant::now();
+    loop {
+        if s.devices[e].context_bytes.load(Acquire) > 0 {
+            return false;
+        }
+        if s.take_context_lease(e, i) {
+            // The holder before us may have noted its size between our look and the take.
+            if s.devices[e].context_bytes.load(Acquire) > 0 {
+                s.drop_context_lease(e, i);
+                return false;
+            }
+            return true;
+        }
+        if start.elapsed() >= LEASE_PATIENCE {
+            lease_given_up(dev);
+            return false;
+        }
+        // A holder killed without its slot emptied gives the lease up when the sweep finds it.
+        reclaim_now_and_then(s);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+#[cold]
+fn lease_given_up(dev: usize) {
+    crate::log::write_line(&format!(
+        "vramcap: device {dev}: another member of group {} has been making the group's first context for {} s; this one is made without knowing its size (the device may hold both past the budget until it is measured)",
+        name().unwrap_or("?"),
+        LEASE_PATIENCE.as_secs()
+    ));
+}
+
+/// The lease [`first_context`] took goes back (the context's size is noted, or it was not made).
+pub fn first_context_done(dev: usize) {
+    if let (Some(s), Some(e)) = (shared(), entry(dev))
+        && let Some(i) = my_slot(s)
+    {
+        s.drop_context_lease(e, i);
+    }
+}
+
 /// Like [`view`], but `used` is what this member cannot have: `limit − used` is what it could
 /// get now under the group's rules (the budget it may fill, less what the group holds and
 /// others' unmet reserves, plus its own unmet reserve, within its `equal` share).
@@ -107,6 +178,18 @@ fn container_name() -> String {
     format!("hami-{:016x}", shm::device_key(&cg))
 }
 
+/// The group's name and its ledger's path. HAMi's shared cache names the ledger itself: every
+/// process given that file shares it.
+fn ledger_path(cfg: &GroupConfig) -> (String, std::path::PathBuf) {
+    let name = match (&cfg.name, &cfg.ledger) {
+        (Some(n), _) => n.clone(),
+        (None, Some(l)) => format!("hami-{:016x}", shm::device_key(l)),
+        (None, None) => container_name(),
+    };
+    let path = cfg.ledger.as_ref().map_or_else(|| file::path_for(&cfg.dir, &name), std::path::PathBuf::from);
+    (name, path)
+}
+
 /// Joins the group once the devices are known; `limits` are this process's resolved
 /// `VRAMCAP_GROUP_LIMIT` (bytes per visible device, 0 = none), `None` to adopt the group's.
 /// Racing first callers each do the whole job and publish with CAS: nobody waits.
@@ -116,16 +199,10 @@ pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>,
     if active() && MY_SLOT.load(Acquire) != NO_SLOT {
         return Ok(());
     }
-    // HAMi's shared cache names the ledger itself: every process given that file shares it.
-    let name = match (&cfg.name, &cfg.ledger) {
-        (Some(n), _) => n.clone(),
-        (None, Some(l)) => format!("hami-{:016x}", shm::device_key(l)),
-        (None, None) => container_name(),
-    };
+    let (name, path) = ledger_path(cfg);
     if cfg.ledger.is_none() && cfg.dir == crate::config::group::default_dir() {
         file::ensure_private_dir(&cfg.dir)?;
     }
-    let path = cfg.ledger.as_ref().map_or_else(|| file::path_for(&cfg.dir, &name), std::path::PathBuf::from);
     let m = file::open_or_create(&path, &name).map_err(|e| match &cfg.ledger {
         Some(l) => format!(
             "CUDA_DEVICE_MEMORY_SHARED_CACHE={l}: {e} (vramcap keeps the container's budget in this file in its own \

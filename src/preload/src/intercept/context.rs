@@ -21,6 +21,7 @@
 //! thread in between (an allocation needs a retained context first).
 
 use super::charge::{Timed, emit};
+use super::overhead;
 use super::{MISSING_REAL, Mode, guarded, mode};
 use crate::events::Op;
 use crate::ffi::*;
@@ -40,7 +41,8 @@ static PRIMARY: [AtomicU64; ledger::MAX_DEVICES] = [const { AtomicU64::new(0) };
 /// What a context takes with it: the kinds of memory the driver frees at its end.
 const CONTEXT_OWNED: [Kind; 3] = [Kind::DevicePtr, Kind::Array, Kind::Managed];
 
-/// Taken around every context lifetime call (green contexts' too, `super::green`).
+/// Taken around every context lifetime call (green contexts' too, `super::green`) and every call
+/// that measures overhead.
 pub(super) fn serial() -> Guard<'static, Option<HashMap<u64, u32>>> {
     install_fork_handlers();
     USES.lock()
@@ -63,6 +65,15 @@ pub(super) fn ended(api: Hook, ctxs: &[u64]) {
     // The address may come back as another device's context.
     super::contexts_changed();
     release_contexts(api, ctxs);
+    overhead_ended(api, ctxs);
+}
+
+/// The contexts' overhead (issue 24) goes with them: a primary context's end takes its green
+/// contexts' handles too, which hold none of their own.
+fn overhead_ended(api: Hook, ctxs: &[u64]) {
+    for &c in ctxs {
+        overhead::context_ended(api, c);
+    }
 }
 
 /// Moves the context-owned charges of `from` to `to` (a green context destroyed while the primary
@@ -93,7 +104,8 @@ fn ending(ctxs: &[u64]) -> Vec<(Kind, u64, ledger::Charge)> {
 }
 
 /// After the call [`ending`] prepared: ended (`ok`), the charges go; otherwise they are put back.
-fn ending_done(api: Hook, ctxs: &[u64], taken: Vec<(Kind, u64, ledger::Charge)>, ok: bool) {
+/// `ends`: the context itself ended (not a primary reset), and its overhead goes with it.
+fn ending_done(api: Hook, ctxs: &[u64], taken: Vec<(Kind, u64, ledger::Charge)>, ok: bool, ends: bool) {
     if ok {
         super::contexts_changed();
         for (_, key, c) in taken {
@@ -102,6 +114,9 @@ fn ending_done(api: Hook, ctxs: &[u64], taken: Vec<(Kind, u64, ledger::Charge)>,
         }
         // Anything charged to the context while the call was in flight went with it too.
         release_contexts(api, ctxs);
+        if ends {
+            overhead_ended(api, ctxs);
+        }
     } else {
         for (kind, key, c) in taken {
             ledger::commit(c.dev as usize, c.size);
@@ -121,7 +136,7 @@ unsafe fn destroy(api: Hook, f: unsafe extern "C" fn(CUcontext) -> CUresult, ctx
         if rc == CUDA_SUCCESS {
             uses.get_or_insert_with(HashMap::new).remove(&(ctx as u64));
         }
-        ending_done(api, &[ctx as u64], taken, rc == CUDA_SUCCESS);
+        ending_done(api, &[ctx as u64], taken, rc == CUDA_SUCCESS, true);
     });
     rc
 }
@@ -136,40 +151,129 @@ pub unsafe fn destroy_v1(ctx: CUcontext) -> CUresult {
     unsafe { destroy(Hook::cuCtxDestroy, f, ctx) }
 }
 
-/// A new context, use count one. `call` makes it and says where it landed.
-fn create(pctx: *mut CUcontext, call: impl FnOnce() -> CUresult) -> CUresult {
+/// A new context on `dev`, use count one. `call` makes it and says where it landed. What the
+/// context itself takes is measured around the call and charged (`overhead`); one that does not
+/// fit is destroyed again and refused.
+fn create(api: Hook, dev: CUdevice, pctx: *mut CUcontext, call: impl FnOnce() -> CUresult) -> CUresult {
     if mode() != Mode::Enforce {
         return call();
     }
     let mut uses = serial();
+    let Some(made) = begin_context(api, dev) else { return CUDA_ERROR_OUT_OF_MEMORY };
     let rc = call();
     if rc == CUDA_SUCCESS {
+        let ctx = unsafe { *pctx };
+        if !finish_context(api, made, ctx as u64, rc) {
+            // Our own undo, not the application's destroy: the real driver's, directly.
+            if let Some(destroy) = real::cuCtxDestroy_v2() {
+                unsafe { destroy(ctx) };
+            }
+            super::contexts_changed();
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
         // An entry left under this address was a context that ended unseen: this one starts anew.
         guarded((), || {
-            uses.get_or_insert_with(HashMap::new).insert(unsafe { *pctx } as u64, 1);
+            uses.get_or_insert_with(HashMap::new).insert(ctx as u64, 1);
         });
+    } else {
+        finish_context(api, made, 0, rc);
     }
     rc
 }
 
+/// Before a call that creates a context on `dev`: the books read and the size of the last
+/// context reserved; `None`: that reservation does not fit (refused, the driver is not called).
+fn begin_context(api: Hook, dev: CUdevice) -> Option<Option<(overhead::Probe, u64)>> {
+    let Ok(d) = usize::try_from(dev) else { return Some(None) };
+    if d >= ledger::MAX_DEVICES || super::init::ensure_limits().is_err() {
+        return Some(None);
+    }
+    // The books first, then the reservation: a reading must not count our own.
+    let probe = guarded_probe(d);
+    match guarded(Ok(0), || overhead::reserve_context(api, d)) {
+        Ok(reserved) => match probe {
+            Some(p) => Some(Some((p, reserved))),
+            None => {
+                ledger::unreserve(d, reserved);
+                overhead::context_settled(d);
+                Some(None)
+            }
+        },
+        Err(_) => {
+            overhead::context_settled(d);
+            None
+        }
+    }
+}
+
+/// The books read before a call (`None` if the reading panicked: nothing is measured then).
+fn guarded_probe(d: usize) -> Option<overhead::Probe> {
+    guarded(None, || Some(overhead::probe(d)))
+}
+
+/// After the call [`begin_context`] prepared: charges what the new context `ctx` measured
+/// (`rc` success) or gives the reservation back. `false`: the context does not fit.
+fn finish_context(api: Hook, made: Option<(overhead::Probe, u64)>, ctx: u64, rc: CUresult) -> bool {
+    let Some((probe, reserved)) = made else { return true };
+    let d = probe.dev;
+    let fits = finish_measured(api, &probe, reserved, ctx, rc);
+    // After the size was noted (or the context not made): a member waiting for it goes on.
+    overhead::context_settled(d);
+    fits
+}
+
+fn finish_measured(api: Hook, probe: &overhead::Probe, reserved: u64, ctx: u64, rc: CUresult) -> bool {
+    let d = probe.dev;
+    if rc != CUDA_SUCCESS {
+        ledger::unreserve(d, reserved);
+        return true;
+    }
+    guarded(true, || {
+        let bytes = match overhead::measured(probe, reserved) {
+            Some(b) => b.clamp(0, u64::MAX as i128) as u64,
+            None => {
+                unmeasured(d);
+                reserved
+            }
+        };
+        let fits = overhead::charge(api, ctx, d, bytes, reserved, true).is_ok();
+        if fits && super::libraries::any_loaded() {
+            // Made with a copy of every loaded library, and so with its heap (measured above).
+            overhead::note_heap(ctx);
+        }
+        fits
+    })
+}
+
+/// Said once per process: a context whose size the driver's books cannot tell is charged what
+/// the last one measured (nothing for the first).
+fn unmeasured(dev: usize) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        crate::log::write_line(&format!(
+            "vramcap: device {dev}: cannot read the driver's books (no NVML entry for this process, no context to compare): context memory is charged as last measured"
+        ));
+    });
+}
+
 pub unsafe fn create_v1(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
     let Some(f) = real::cuCtxCreate() else { return MISSING_REAL };
-    create(pctx, || unsafe { f(pctx, flags, dev) })
+    create(Hook::cuCtxCreate, dev, pctx, || unsafe { f(pctx, flags, dev) })
 }
 
 pub unsafe fn create_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
     let Some(f) = real::cuCtxCreate_v2() else { return MISSING_REAL };
-    create(pctx, || unsafe { f(pctx, flags, dev) })
+    create(Hook::cuCtxCreate_v2, dev, pctx, || unsafe { f(pctx, flags, dev) })
 }
 
 pub unsafe fn create_v3(pctx: *mut CUcontext, params: *mut c_void, n: c_int, flags: c_uint, dev: CUdevice) -> CUresult {
     let Some(f) = real::cuCtxCreate_v3() else { return MISSING_REAL };
-    create(pctx, || unsafe { f(pctx, params, n, flags, dev) })
+    create(Hook::cuCtxCreate_v3, dev, pctx, || unsafe { f(pctx, params, n, flags, dev) })
 }
 
 pub unsafe fn create_v4(pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) -> CUresult {
     let Some(f) = real::cuCtxCreate_v4() else { return MISSING_REAL };
-    create(pctx, || unsafe { f(pctx, params, flags, dev) })
+    create(Hook::cuCtxCreate_v4, dev, pctx, || unsafe { f(pctx, params, flags, dev) })
 }
 
 /// `cuCtxAttach`: the current context's use count, plus one.
@@ -217,7 +321,7 @@ pub unsafe fn detach(ctx: CUcontext) -> CUresult {
             }
         }
         if last || gone {
-            ending_done(Hook::cuCtxDetach, &[key], taken, gone);
+            ending_done(Hook::cuCtxDetach, &[key], taken, gone, true);
         }
     });
     rc
@@ -267,11 +371,23 @@ pub unsafe fn primary_retain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
         return unsafe { f(pctx, dev) };
     }
     let _serial = serial();
+    // The first retain creates the context: what it takes is measured and charged.
+    let made = if primary_active(dev) { Some(None) } else { begin_context(Hook::cuDevicePrimaryCtxRetain, dev) };
+    let Some(made) = made else { return CUDA_ERROR_OUT_OF_MEMORY };
     let rc = unsafe { f(pctx, dev) };
+    let ctx = if rc == CUDA_SUCCESS { (unsafe { *pctx }) as u64 } else { 0 };
+    if !finish_context(Hook::cuDevicePrimaryCtxRetain, made, ctx, rc) {
+        // Our own retain is undone with the driver's release, directly: the context ends again.
+        if let Some(release) = real::cuDevicePrimaryCtxRelease_v2() {
+            unsafe { release(dev) };
+        }
+        super::contexts_changed();
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if rc == CUDA_SUCCESS
         && let Some(p) = usize::try_from(dev).ok().and_then(|d| PRIMARY.get(d))
     {
-        p.store(unsafe { *pctx } as u64, Ordering::Release);
+        p.store(ctx, Ordering::Release);
     }
     rc
 }
@@ -315,9 +431,23 @@ unsafe fn reset(api: Hook, f: unsafe extern "C" fn(CUdevice) -> CUresult, dev: C
     }
     let serial = serial();
     let ctxs = guarded(Vec::new(), || super::green::with_primary(dev, primary_of(dev)));
+    let ctx = ctxs.first().copied().unwrap_or(0);
     let taken = guarded(Vec::new(), || ending(&ctxs));
+    // A reset gives back what modules and limits took (the context itself stays retained).
+    let probe = usize::try_from(dev).ok().filter(|&d| d < ledger::MAX_DEVICES).and_then(guarded_probe);
     let rc = unsafe { f(dev) };
-    guarded((), || ending_done(api, &ctxs, taken, rc == CUDA_SUCCESS));
+    guarded((), || {
+        ending_done(api, &ctxs, taken, rc == CUDA_SUCCESS, false);
+        if rc == CUDA_SUCCESS {
+            // Modules, heap and FIFO went: the next load brings them again.
+            ctxs.iter().for_each(|&c| overhead::heap_gone(c));
+        }
+        if rc == CUDA_SUCCESS
+            && let Some(p) = &probe
+        {
+            let _ = overhead::settle(api, ctx, p);
+        }
+    });
     drop(serial);
     if rc == CUDA_SUCCESS {
         device_reset();

@@ -8,15 +8,29 @@
 //! context lives on hands its charges to the primary context's handle, since its own handle may be
 //! given out again.
 //!
+//! A green context takes device memory of its own too (issue 24): measured around
+//! `cuGreenCtxCreate` like a context (`overhead`), with the size the last green context on the
+//! device measured reserved before (and the primary context's, when the create will make it),
+//! charged to the green context's handle; one that does not fit is destroyed again and refused
+//! with `CUDA_ERROR_OUT_OF_MEMORY`. `cuGreenCtxDestroy` gives back what the books say it gave
+//! back; what stays (a primary context the create made) is the primary context's, or all of it
+//! goes when the destroy ends the primary context.
+//!
 //! A green context or conversion we did not see leaves its charges keyed to a handle nothing ends:
 //! they stay (a false denial at worst, never memory past the cap).
 
-use super::{MISSING_REAL, Mode, context, guarded, mode};
+use super::{MISSING_REAL, Mode, context, guarded, mode, overhead};
 use crate::ffi::*;
 use crate::hooks::{Hook, real};
+use crate::ledger::{self, MAX_DEVICES};
 use crate::sync::Lock;
 use std::collections::HashMap;
 use std::ffi::c_uint;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The size last measured for a green context of its own on each device (one whose create did
+/// not also make the primary context): reserved before the next one is made.
+static LAST_GREEN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
 /// Live green contexts: handle → (device, its `CUcontext`, 0 until converted). Taken only while
 /// holding `context::serial()` (so fork handlers need not know it: no thread holds it at a fork).
@@ -38,13 +52,58 @@ pub unsafe fn create(g: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice,
         return unsafe { f(g, desc, dev, flags) };
     }
     let _serial = context::serial();
-    let rc = unsafe { f(g, desc, dev, flags) };
-    if rc == CUDA_SUCCESS {
-        guarded((), || {
-            // An entry left under this handle was a green context destroyed unseen.
-            GREENS.lock().get_or_insert_with(HashMap::new).insert(unsafe { *g } as u64, (dev, 0));
-        });
+    let Some(d) = usize::try_from(dev).ok().filter(|&d| d < MAX_DEVICES) else { return unsafe { f(g, desc, dev, flags) } };
+    if let Err(e) = super::init::ensure_limits() {
+        return e.code();
     }
+    let api = Hook::cuGreenCtxCreate;
+    // A first-context lease `reserve_context` may take goes back on every way out (this create
+    // notes no context size: a member waiting on it makes its own next, one at a time).
+    let _settle = overhead::Settle(d);
+    let had_primary = guarded(true, || context::primary_active(dev));
+    // The books first, then the reservations: a reading must not count our own.
+    let probe = guarded(None, || Some(overhead::probe(d)));
+    let primary = if had_primary { Ok(0) } else { guarded(Err(CUDA_ERROR_OUT_OF_MEMORY), || overhead::reserve_context(api, d)) };
+    let Ok(primary) = primary else { return CUDA_ERROR_OUT_OF_MEMORY };
+    let own = LAST_GREEN[d].load(Ordering::Acquire);
+    if own > 0
+        && guarded(Err(CUDA_ERROR_OUT_OF_MEMORY), || overhead::reserve(api, d, own)).is_err()
+    {
+        ledger::unreserve(d, primary);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let reserved = primary + own;
+    let rc = unsafe { f(g, desc, dev, flags) };
+    if rc != CUDA_SUCCESS {
+        ledger::unreserve(d, reserved);
+        return rc;
+    }
+    let handle = unsafe { *g } as u64;
+    let fits = guarded(true, || {
+        let bytes = match probe.as_ref().and_then(|p| overhead::measured(p, reserved)) {
+            Some(b) => b.clamp(0, u64::MAX as i128) as u64,
+            None => reserved,
+        };
+        // A handle left charged was a green context destroyed unseen: its memory is gone.
+        overhead::context_ended(api, handle);
+        let ok = overhead::charge(api, handle, d, bytes, reserved, false).is_ok();
+        if ok && had_primary {
+            LAST_GREEN[d].store(bytes, Ordering::Release);
+        }
+        ok
+    });
+    if !fits {
+        // Our own undo: the driver's destroy, directly (it releases the primary context again).
+        if let Some(destroy) = real::cuGreenCtxDestroy() {
+            unsafe { destroy(handle as CUgreenCtx) };
+        }
+        super::contexts_changed();
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    guarded((), || {
+        // An entry left under this handle was a green context destroyed unseen.
+        GREENS.lock().get_or_insert_with(HashMap::new).insert(handle, (dev, 0));
+    });
     rc
 }
 
@@ -76,6 +135,8 @@ pub unsafe fn destroy(g: CUgreenCtx) -> CUresult {
         Some((dev, _)) => guarded(0, || context::primary_of(dev)),
         None => 0,
     };
+    let probe = known.and_then(|(dev, _)| usize::try_from(dev).ok().filter(|&d| d < MAX_DEVICES));
+    let probe = probe.and_then(|d| guarded(None, || Some(overhead::probe(d))));
     let rc = unsafe { f(g) };
     let mut reset = false;
     if rc == CUDA_SUCCESS
@@ -86,11 +147,18 @@ pub unsafe fn destroy(g: CUgreenCtx) -> CUresult {
                 // The destroy released the primary context for the last time: the driver reset it,
                 // freeing its memory and the green contexts' (this one's included).
                 let mut ctxs = with_primary(dev, primary);
-                ctxs.push(ctx);
+                ctxs.extend([ctx, g as u64]);
                 context::ended(Hook::cuGreenCtxDestroy, &ctxs);
                 reset = true;
             } else {
-                context::rekey(ctx, context::primary_of(dev));
+                let primary = context::primary_of(dev);
+                context::rekey(ctx, primary);
+                // Its own memory: what the books say the destroy gave back; the rest (a primary
+                // context its create made) is the primary context's.
+                if let Some(p) = &probe {
+                    let _ = overhead::settle(Hook::cuGreenCtxDestroy, g as u64, p);
+                }
+                overhead::hand_over(g as u64, primary);
             }
             GREENS.lock().as_mut().map(|m| m.remove(&(g as u64)));
             // Its CUcontext is gone: cached (context → device) answers must not outlive it.

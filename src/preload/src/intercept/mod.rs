@@ -3,6 +3,7 @@
 //! in bookkeeping is contained by [`guarded`] and can never repeat or skip the driver call.
 
 pub mod arrays;
+pub mod books;
 pub mod charge;
 pub mod context;
 pub mod handles;
@@ -11,11 +12,14 @@ pub mod graph_nodes;
 pub mod green;
 pub mod host;
 pub mod init;
+pub mod libraries;
 pub mod location;
 pub mod managed;
 pub mod mem;
 pub mod nvml;
 pub mod nvml_early;
+pub mod overhead;
+pub mod modules;
 pub mod pool;
 pub mod pool_table;
 pub mod pressure;

@@ -101,7 +101,7 @@ fn nvml_gpus() -> Option<Vec<NvmlGpu>> {
 pub fn capped(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64, u64, u64)> {
     let cfg = config::get();
     let group = cfg.group.as_ref().map(|g| &g.limits).filter(|l| !l.is_empty());
-    if cfg.limits.is_empty() && group.is_none() {
+    if cfg.limits.is_empty() && cfg.group.is_none() {
         return None;
     }
     // Observe mode shows the physical device; in a group only once it has joined (the group may
@@ -121,19 +121,31 @@ pub fn capped(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64
         order.iter().map(|&i| DeviceInfo { total: gpus[i].total, uuid: gpus[i].uuid.clone() }).collect();
     // A spec that does not resolve here fails CUDA initialisation later (nothing will be handed
     // out): NVML says so now, as `cuMemGetInfo` will.
-    let mut limit = 0u64;
-    for spec in std::iter::once(&cfg.limits).chain(group) {
-        let Ok(resolved) = spec.resolve(&devices) else { return Some((phys_total, 0, phys_total)) };
-        let l = resolved[ordinal];
-        if l > 0 {
-            limit = if limit == 0 { l } else { limit.min(l) };
-        }
+    // Each cap that applies, with what counts against it: the process's own charge; and the
+    // group's budget with what all its members hold, read from its ledger without joining it
+    // (a tool that never starts CUDA sees what the group's jobs hold). The ledger's budget is
+    // the group's (members and operators may have changed it since this configuration).
+    let own = ledger::charged(ordinal);
+    let resolve = |spec: &config::limits::LimitSpec| spec.resolve(&devices).map(|r| r[ordinal]);
+    let Ok(own_limit) = resolve(&cfg.limits) else { return Some((phys_total, 0, phys_total)) };
+    let Ok(group_limit) = group.map_or(Ok(0), resolve) else { return Some((phys_total, 0, phys_total)) };
+    let mut caps: Vec<(u64, u64)> = Vec::new();
+    if own_limit > 0 {
+        caps.push((own_limit, own));
     }
-    if limit == 0 {
+    match cfg.group.as_ref().and_then(|g| crate::group::peek::peek(g, &devices[ordinal].uuid)) {
+        Some((budget, held)) if budget > 0 => caps.push((budget, held.max(own))),
+        Some((_, held)) if group_limit > 0 => caps.push((group_limit, held.max(own))),
+        _ if group_limit > 0 => caps.push((group_limit, own)),
+        _ => {}
+    }
+    if caps.is_empty() {
         return None;
     }
-    let total = limit.min(phys_total);
-    let free = phys_free.min(total.saturating_sub(ledger::charged(ordinal)));
+    let (total, free) = caps.iter().fold((phys_total, phys_free), |(t, f), &(l, used)| {
+        let lt = l.min(phys_total);
+        (t.min(lt), f.min(lt.saturating_sub(used)))
+    });
     Some((total, free, total - free))
 }
 

@@ -201,6 +201,7 @@ impl Sidecar {
                         would_deny: self.tally.would_deny.get(d).copied().unwrap_or(0),
                         group_limit: group.map(|g| g.0),
                         group_used: group.map(|g| g.1),
+                        overhead: ledger::overhead(d),
                         sharing,
                     }
                 })

@@ -1,0 +1,540 @@
+//! Memory no allocation call returns (issue 24): what a context takes when it is created, what a
+//! module's code and `__device__` globals take when it is loaded, what a per-context reservation
+//! (`cuCtxSetLimit`) takes. Nobody says how much that is, so it is measured: the driver's own
+//! books ([`books`]) are read before and after each such call, the change minus what vramcap
+//! itself counted meanwhile (allocations of other threads) is this call's overhead, and it is
+//! charged to the process and its group like an allocation (the cap counts it, so do
+//! `cuMemGetInfo` and NVML's views), under the context it belongs to. It goes back when the
+//! driver gives it back (a module unloaded, a limit lowered: measured again) and all of it when
+//! the context ends.
+//!
+//! Never on the allocation path: only context creation and end, module load and unload, and
+//! `cuCtxSetLimit` pay for the readings. All of it happens under the context lock
+//! (`context::serial`), so two of these calls never measure each other's memory.
+//!
+//! A context cannot be refused before it exists, since its size is only known after: the size
+//! last measured for a context on the device is reserved before the call (none for the first; in
+//! a group, the first is measured by one member at a time, `group::first_context`),
+//! and a context whose measured size does not fit is ended at once and refused with the driver's
+//! `CUDA_ERROR_OUT_OF_MEMORY`; so is a module (unloaded) and a limit (put back).
+
+use super::books::{self, Reading, Source};
+use super::charge::{Timed, emit};
+use crate::events::Op;
+use crate::ffi::*;
+use crate::hooks::Hook;
+use crate::ledger::{self, MAX_DEVICES};
+use crate::sync::Lock;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What each context holds beyond its allocations: its own size, and what modules and limits
+/// added (a primary reset gives that part back and keeps the context).
+#[derive(Clone, Copy, Default)]
+struct Held {
+    dev: usize,
+    context: u64,
+    extra: u64,
+}
+
+static HELD: Lock<Option<HashMap<u64, Held>>> = Lock::new(None);
+
+/// The size last measured for a context on each device: reserved before the next one is made.
+static LAST_CONTEXT: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+/// Overhead this process holds on `dev`.
+pub fn total(dev: usize) -> u64 {
+    ledger::overhead(dev)
+}
+
+/// A reading of the driver's books and of what vramcap counted as allocations at that moment.
+pub struct Probe {
+    pub dev: usize,
+    books: Option<Reading>,
+    counted: u64,
+}
+
+/// Quick tries at a reading with vramcap's own count standing still (see [`quiet_read`]), a
+/// yield apart; then pauses that let a thread descheduled in the middle of its call finish it,
+/// up to [`QUIET_PATIENCE`] in all. Only the rare calls that measure wait: never an allocation.
+const QUIET_SPINS: usize = 64;
+const QUIET_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The books of `dev`, and what vramcap counted as allocations at that moment. Other threads'
+/// allocations go on meanwhile: one in flight is reserved (`charged`) before the driver has it
+/// and held only after, and a free is no longer held before the driver has it and still charged
+/// until after; so the driver's books may or may not show either. A reading taken between two
+/// equal looks at the counts ([`ledger::Snapshot`]) with nothing reserved beyond what is held
+/// had nothing in flight, and nothing made and freed again meanwhile either: the look includes a
+/// count that only grows, so an allocation made, seen by the books and freed again between the two
+/// looks (`charged` and `held` back where they were) is not taken for a quiet moment. That mistake
+/// charged another thread's allocation as a context's overhead.
+///
+/// Failing a quiet moment within [`QUIET_PATIENCE`], the bound that makes the overhead larger
+/// (`before`: what is in flight counted as allocations; after: not) — too large can only deny,
+/// too small could pass the cap — from the steady reading with the least in flight, since what
+/// is in flight is what the bound can overstate by.
+/// `own`: this call's reservation, outstanding while it reads (not in flight elsewhere).
+fn quiet_read(dev: usize, only: Option<Source>, before: bool, own: u64) -> Option<(Reading, u64)> {
+    quiet_read_with(dev, before, own, || books::read(dev, only))
+}
+
+/// [`quiet_read`] with the books read by `read` (the unit tests put other threads' calls there).
+fn quiet_read_with(dev: usize, before: bool, own: u64, mut read: impl FnMut() -> Option<Reading>) -> Option<(Reading, u64)> {
+    let ours = |c: u64| c.saturating_sub(total(dev));
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_micros(20);
+    // (in flight, reading, what it counted): the steady reading with the least in flight.
+    let mut best: Option<(u64, Reading, u64)> = None;
+    for i in 0.. {
+        let s1 = ledger::snapshot(dev);
+        let r = read()?;
+        let s2 = ledger::snapshot(dev);
+        if s1 == s2 {
+            let (reserved, held) = (s1.charged.saturating_sub(own), s1.held);
+            if reserved == held {
+                return Some((r, ours(held)));
+            }
+            let in_flight = reserved.abs_diff(held);
+            let counted = if before { reserved.max(held) } else { reserved.min(held) };
+            if best.as_ref().is_none_or(|b| in_flight < b.0) {
+                best = Some((in_flight, r, counted));
+            }
+        }
+        if i < QUIET_SPINS {
+            std::thread::yield_now();
+        } else if start.elapsed() >= QUIET_PATIENCE {
+            break;
+        } else {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(2));
+        }
+    }
+    if let Some((_, r, counted)) = best {
+        return Some((r, ours(counted)));
+    }
+    // Never steady: the counts moved during every reading.
+    let c = if before { ledger::charged(dev).saturating_sub(own) } else { ledger::used(dev) };
+    let r = read()?;
+    Some((r, ours(c)))
+}
+
+/// Reads the books before a call (and before any reservation for it).
+pub fn probe(dev: usize) -> Probe {
+    match quiet_read(dev, None, true, 0) {
+        Some((r, counted)) => Probe { dev, books: Some(r), counted },
+        None => Probe { dev, books: None, counted: 0 },
+    }
+}
+
+/// What the driver took (positive) or gave back (negative) since `p`, beyond vramcap's own
+/// allocations; `None` when the books could not be read twice from one source. `reserved`: what
+/// the caller reserved for the call and has not settled yet.
+pub fn measured(p: &Probe, reserved: u64) -> Option<i128> {
+    let before = p.books?;
+    let (after, counted) = quiet_read(p.dev, Some(before.source), false, reserved)?;
+    let books = after.used as i128 - before.used as i128;
+    let ours = counted as i128 - p.counted as i128;
+    Some(books - ours)
+}
+
+/// Whether `p` could read the books at all (for the one-line notice when it could not).
+pub fn source(p: &Probe) -> Option<Source> {
+    p.books.map(|r| r.source)
+}
+
+/// Reserves the size a context on `dev` last measured, before a call that creates one: `Err`
+/// (nothing reserved) when that cannot fit.
+pub fn reserve_context(api: Hook, dev: usize) -> Result<u64, CUresult> {
+    // This process's last context, or the largest any member of its group measured there.
+    let last = LAST_CONTEXT.get(dev).map_or(0, |l| l.load(Ordering::Acquire));
+    let mut est = last.max(crate::group::context_estimate(dev));
+    if est == 0 && crate::group::first_context(dev) {
+        // This member measures the group's first one: the others wait for its size.
+        if let Some(l) = LEASED.get(dev) {
+            l.store(true, Ordering::Release);
+        }
+    } else if est == 0 {
+        est = crate::group::context_estimate(dev);
+    }
+    if est == 0 {
+        return Ok(0);
+    }
+    reserve(api, dev, est).map(|()| est)
+}
+
+/// Devices where this process holds the group's first-context lease (`group::first_context`).
+static LEASED: [std::sync::atomic::AtomicBool; MAX_DEVICES] = [const { std::sync::atomic::AtomicBool::new(false) }; MAX_DEVICES];
+
+/// [`context_settled`] when dropped: for a creation with many ways out (`green::create`).
+pub struct Settle(pub usize);
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        context_settled(self.0);
+    }
+}
+
+/// A context creation [`reserve_context`] prepared is over (made and measured, or not made): a
+/// first-context lease goes back, after the size was noted.
+pub fn context_settled(dev: usize) {
+    if LEASED.get(dev).is_some_and(|l| l.swap(false, Ordering::AcqRel)) {
+        crate::group::first_context_done(dev);
+    }
+}
+
+/// Reserves `size` bytes of overhead on `dev`, or refuses them with the driver's out-of-memory
+/// code (the denial said and traced). In observe mode a refusal is granted and recorded as a
+/// `would_deny`, like an allocation's: a job in observe mode must see no refusal vramcap made.
+pub fn reserve(api: Hook, dev: usize, size: u64) -> Result<(), CUresult> {
+    match ledger::reserve(dev, size) {
+        Ok(()) => Ok(()),
+        Err(d) => deny(api, dev, size, &d),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn deny(api: Hook, dev: usize, size: u64, d: &ledger::Denied) -> Result<(), CUresult> {
+    if !super::charge::refused(api, dev, size, d) {
+        return Ok(());
+    }
+    emit(Op::Deny, api, dev as i32, 0, size, Timed::instant(CUDA_ERROR_OUT_OF_MEMORY), ledger::used(dev));
+    Err(CUDA_ERROR_OUT_OF_MEMORY)
+}
+
+/// Turns `reserved` into a reservation of `bytes` (more reserved, or the surplus given back);
+/// `Err` (nothing left reserved) when the more does not fit.
+fn settle_reservation(api: Hook, dev: usize, bytes: u64, reserved: u64) -> Result<(), CUresult> {
+    if bytes > reserved
+        && let Err(e) = reserve(api, dev, bytes - reserved)
+    {
+        ledger::unreserve(dev, reserved);
+        return Err(e);
+    }
+    if reserved > bytes {
+        ledger::unreserve(dev, reserved - bytes);
+    }
+    Ok(())
+}
+
+/// Charges `bytes` measured for `ctx` (a new context when `new`), `reserved` of them reserved
+/// before the call. `Err` when they do not fit: nothing stays charged, the caller undoes the call.
+pub fn charge(api: Hook, ctx: u64, dev: usize, bytes: u64, reserved: u64, new: bool) -> Result<(), CUresult> {
+    settle_reservation(api, dev, bytes, reserved)?;
+    if new && let Some(l) = LAST_CONTEXT.get(dev) {
+        l.store(bytes, Ordering::Release);
+        crate::group::note_context(dev, bytes);
+    }
+    if new {
+        // A context whose end we never saw left its address to this one: its memory is gone.
+        context_ended(api, ctx);
+    }
+    if bytes == 0 {
+        return Ok(());
+    }
+    ledger::commit(dev, bytes);
+    ledger::add_overhead(dev, bytes);
+    let mut held = HELD.lock();
+    let h = held.get_or_insert_with(HashMap::new).entry(ctx).or_insert(Held { dev, ..Held::default() });
+    if new {
+        h.context = h.context.saturating_add(bytes);
+    } else {
+        h.extra = h.extra.saturating_add(bytes);
+    }
+    let now = h.context + h.extra;
+    drop(held);
+    emit(Op::Overhead, api, dev as i32, ctx, now, Timed::instant(CUDA_SUCCESS), ledger::used(dev));
+    Ok(())
+}
+
+/// Charges `bytes` of overhead that no one context holds (a library's copies on a device with
+/// several contexts, `super::libraries`): traced under `key`, given back only by [`give_back`].
+pub fn charge_unowned(api: Hook, key: u64, dev: usize, bytes: u64, reserved: u64) -> Result<(), CUresult> {
+    settle_reservation(api, dev, bytes, reserved)?;
+    if bytes > 0 {
+        ledger::commit(dev, bytes);
+        ledger::add_overhead(dev, bytes);
+        emit(Op::Overhead, api, dev as i32, key, bytes, Timed::instant(CUDA_SUCCESS), ledger::used(dev));
+    }
+    Ok(())
+}
+
+/// What an undone call left held since `p`, charged to no context (see [`charge_unowned`]): it
+/// stays charged, whether or not it fits.
+pub fn keep_unowned(api: Hook, key: u64, p: &Probe) {
+    if let Some(d) = measured(p, 0)
+        && d > 0
+    {
+        let bytes = d.min(u64::MAX as i128) as u64;
+        ledger::charge(p.dev, bytes);
+        ledger::add_overhead(p.dev, bytes);
+        emit(Op::Overhead, api, p.dev as i32, key, bytes, Timed::instant(CUDA_SUCCESS), ledger::used(p.dev));
+    }
+}
+
+pub fn give_back(api: Hook, ctx: u64, dev: usize, bytes: u64) {
+    if bytes == 0 {
+        return;
+    }
+    ledger::release(dev, bytes);
+    ledger::sub_overhead(dev, bytes);
+    emit(Op::OverheadFree, api, dev as i32, ctx, bytes, Timed::instant(CUDA_SUCCESS), ledger::used(dev));
+}
+
+/// The driver gave back `bytes` of what modules and limits added to `ctx` (never more than they
+/// added: the context itself goes only with the context).
+pub fn shrink(api: Hook, ctx: u64, bytes: u64) {
+    let taken = {
+        let mut held = HELD.lock();
+        let Some(h) = held.as_mut().and_then(|m| m.get_mut(&ctx)) else { return };
+        let n = bytes.min(h.extra);
+        h.extra -= n;
+        (h.dev, n)
+    };
+    give_back(api, ctx, taken.0, taken.1);
+}
+
+/// Everything charged to `from` (a green context destroyed while the primary context it may have
+/// created lives on) is `to`'s from now on, and goes when `to` ends.
+pub fn hand_over(from: u64, to: u64) {
+    let mut held = HELD.lock();
+    let Some(m) = held.as_mut() else { return };
+    let Some(h) = m.remove(&from) else { return };
+    let t = m.entry(to).or_insert(Held { dev: h.dev, ..Held::default() });
+    t.extra = t.extra.saturating_add(h.context + h.extra);
+}
+
+/// Contexts whose malloc heap and printf FIFO the driver has taken (a module or library was
+/// loaded into them): the next load there brings none (`modules::heap_estimate`).
+static HEAPED: Lock<Option<std::collections::HashSet<u64>>> = Lock::new(None);
+
+pub fn note_heap(ctx: u64) {
+    HEAPED.lock().get_or_insert_with(Default::default).insert(ctx);
+}
+
+pub fn heap_taken(ctx: u64) -> bool {
+    HEAPED.lock().as_ref().is_some_and(|s| s.contains(&ctx))
+}
+
+/// The driver gave back what modules brought to `ctx` (a primary reset keeps the context).
+pub fn heap_gone(ctx: u64) {
+    if let Some(s) = HEAPED.lock().as_mut() {
+        s.remove(&ctx);
+    }
+}
+
+/// The context ended: everything charged to it goes.
+pub fn context_ended(api: Hook, ctx: u64) {
+    heap_gone(ctx);
+    let gone = HELD.lock().as_mut().and_then(|m| m.remove(&ctx));
+    if let Some(h) = gone {
+        give_back(api, ctx, h.dev, h.context + h.extra);
+    }
+}
+
+/// Settles a call measured with `p` against `ctx`: growth is charged (`Err` if it does not fit:
+/// the caller undoes the call), shrinkage given back.
+pub fn settle(api: Hook, ctx: u64, p: &Probe) -> Result<(), CUresult> {
+    match measured(p, 0) {
+        Some(d) if d > 0 => charge(api, ctx, p.dev, d.min(u64::MAX as i128) as u64, 0, false),
+        Some(d) if d < 0 => {
+            shrink(api, ctx, (-d).min(u64::MAX as i128) as u64);
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// After an undo (a module unloaded again, a limit set back): what the driver still holds since
+/// `p` exists whether or not it fits (a heap stays with its context once a module brought it),
+/// so it is charged as it is; what it gave back, given back.
+pub fn settle_kept(api: Hook, ctx: u64, p: &Probe) {
+    match measured(p, 0) {
+        Some(d) if d > 0 => {
+            let bytes = d.min(u64::MAX as i128) as u64;
+            ledger::charge(p.dev, bytes);
+            ledger::add_overhead(p.dev, bytes);
+            let mut held = HELD.lock();
+            let h = held.get_or_insert_with(HashMap::new).entry(ctx).or_insert(Held { dev: p.dev, ..Held::default() });
+            h.extra = h.extra.saturating_add(bytes);
+            let now = h.context + h.extra;
+            drop(held);
+            emit(Op::Overhead, api, p.dev as i32, ctx, now, Timed::instant(CUDA_SUCCESS), ledger::used(p.dev));
+        }
+        Some(d) if d < 0 => shrink(api, ctx, (-d).min(u64::MAX as i128) as u64),
+        _ => {}
+    }
+}
+
+/// Sums the sizes of an ELF64 image's `.nv.global*` sections (a cubin's `__device__` globals):
+/// what a module load will take at least, reserved before the driver is asked. `read(offset,
+/// len)` gives bytes of the image. `None`: not an ELF64 image (PTX, a fat binary), or one whose
+/// headers lie outside it.
+pub fn elf_globals_in(read: &dyn Fn(u64, usize) -> Option<Vec<u8>>) -> Option<u64> {
+    // Byte by byte first: a PTX string shorter than a header must not be read past its end.
+    for (i, want) in b"\x7fELF\x02\x01".iter().enumerate() {
+        if read(i as u64, 1)?.first() != Some(want) {
+            return None;
+        }
+    }
+    let h = read(0, 64)?;
+    let u16_at = |b: &[u8], o: usize| b.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as u64);
+    let u32_at = |b: &[u8], o: usize| b.get(o..o + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()) as u64);
+    let u64_at = |b: &[u8], o: usize| b.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+    let (shoff, entsize, count, strndx) = (u64_at(&h, 0x28)?, u16_at(&h, 0x3a)?, u16_at(&h, 0x3c)?, u16_at(&h, 0x3e)?);
+    if entsize != 64 || strndx >= count {
+        return None;
+    }
+    let headers = read(shoff, count as usize * 64)?;
+    let str_hdr = &headers[strndx as usize * 64..];
+    let names = read(u64_at(str_hdr, 0x18)?, usize::try_from(u64_at(str_hdr, 0x20)?).ok().filter(|&n| n <= 1 << 24)?)?;
+    let mut sum = 0u64;
+    for sh in headers.chunks_exact(64) {
+        let at = usize::try_from(u32_at(sh, 0)?).ok()?;
+        let name = names.get(at..)?;
+        let name = &name[..name.iter().position(|&b| b == 0)?];
+        if name == b".nv.global" || name.starts_with(b".nv.global.") {
+            sum = sum.saturating_add(u64_at(sh, 0x20)?);
+        }
+    }
+    Some(sum)
+}
+
+pub fn elf_globals(img: &[u8]) -> Option<u64> {
+    elf_globals_in(&|off, len| img.get(usize::try_from(off).ok()?..usize::try_from(off).ok()?.checked_add(len)?).map(<[u8]>::to_vec))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_context_gives_back_all_it_was_charged_and_a_shrink_never_takes_the_context() {
+        let d = 61;
+        ledger::set_limit(d, 100);
+        charge(Hook::cuCtxCreate_v2, 7, d, 60, 0, true).unwrap();
+        assert_eq!(LAST_CONTEXT[d].load(Ordering::Relaxed), 60);
+        charge(Hook::cuCtxCreate_v2, 7, d, 30, 0, false).unwrap();
+        // Past the cap: refused, nothing left charged.
+        assert_eq!(charge(Hook::cuCtxCreate_v2, 7, d, 20, 0, false), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!((ledger::charged(d), total(d)), (90, 90));
+        shrink(Hook::cuCtxCreate_v2, 7, 1000);
+        assert_eq!((ledger::charged(d), ledger::used(d), total(d)), (60, 60, 60));
+        context_ended(Hook::cuCtxDestroy_v2, 7);
+        assert_eq!((ledger::charged(d), ledger::used(d), total(d)), (0, 0, 0));
+        ledger::set_limit(d, 0);
+    }
+
+    /// The mistake that got issue 24 reverted: while the books were read, another thread's
+    /// allocation was made (reserved, handed out, committed) and freed again (given back,
+    /// unreserved), so the counts looked the same before and after, but the books had it. That
+    /// reading must not be taken: it charged the other thread's allocation as overhead.
+    #[test]
+    fn an_allocation_made_and_freed_while_the_books_are_read_is_not_a_quiet_moment() {
+        let d = 60;
+        let mut calls = 0;
+        let read = || {
+            calls += 1;
+            if calls == 1 {
+                // Another thread: cuMemAlloc (48) seen by the books, then its cuMemFree.
+                ledger::reserve(d, 48).unwrap();
+                ledger::commit(d, 48);
+                ledger::uncommit(d, 48);
+                ledger::unreserve(d, 48);
+                return Some(Reading { source: Source::Process, used: 48 });
+            }
+            Some(Reading { source: Source::Process, used: 0 })
+        };
+        let (r, counted) = quiet_read_with(d, false, 0, read).unwrap();
+        assert_eq!((r.used, counted), (0, 0), "the reading taken while an allocation came and went was used");
+        assert_eq!(calls, 2);
+        // A reading with nothing moving is taken at once.
+        let (r, _) = quiet_read_with(d, false, 0, || Some(Reading { source: Source::Process, used: 5 })).unwrap();
+        assert_eq!(r.used, 5);
+    }
+
+    /// A free in flight (no longer held, still charged) or an allocation in flight (charged, not
+    /// yet held) is never a quiet moment either; nor is one that moved during the reading.
+    #[test]
+    fn a_reading_with_anything_in_flight_waits_for_it_to_land() {
+        let d = 59;
+        ledger::reserve(d, 10).unwrap();
+        ledger::commit(d, 10);
+        ledger::uncommit(d, 10); // a free whose driver call is under way
+        let mut calls = 0;
+        let read = || {
+            calls += 1;
+            if calls == 2 {
+                ledger::unreserve(d, 10); // ... returns during the second reading
+            }
+            Some(Reading { source: Source::Process, used: if calls <= 2 { 10 } else { 0 } })
+        };
+        let (r, counted) = quiet_read_with(d, false, 0, read).unwrap();
+        assert_eq!((r.used, counted, calls), (0, 0, 3));
+    }
+
+    /// Something that never lands (a thread stopped in the middle of its call): after the
+    /// patience, the bound that makes the overhead larger, from the steady reading with the least
+    /// in flight — before a call what is in flight counts as allocated, after it as not.
+    #[test]
+    fn without_a_quiet_moment_the_bound_comes_from_the_reading_with_least_in_flight() {
+        let d = 58;
+        ledger::reserve(d, 100).unwrap();
+        ledger::commit(d, 100);
+        ledger::reserve(d, 30).unwrap(); // in flight for good
+        let mut calls = 0;
+        let read = |calls: &mut i32| {
+            *calls += 1;
+            match *calls {
+                // Not steady: another allocation comes and goes during the reading.
+                1..=3 => {
+                    ledger::reserve(d, 5).unwrap();
+                    ledger::commit(d, 5);
+                    ledger::release(d, 5);
+                }
+                // Steady, 30 in flight. Then 40 more go in flight, for good.
+                4 => {}
+                5 => ledger::reserve(d, 40).unwrap(),
+                _ => {}
+            }
+            Some(Reading { source: Source::Process, used: 1000 })
+        };
+        let (r, counted) = quiet_read_with(d, true, 0, || read(&mut calls)).unwrap();
+        assert_eq!((r.used, counted), (1000, 130), "before: the 30 in flight at the best reading counted as allocated");
+        let (_, counted) = quiet_read_with(d, false, 0, || read(&mut calls)).unwrap();
+        assert_eq!(counted, 100, "after: nothing in flight counted");
+        // `own` (the caller's own reservation) is not in flight.
+        let (_, counted) = quiet_read_with(d, true, 70, || read(&mut calls)).unwrap();
+        assert_eq!(counted, 100, "all that is reserved is the caller's own: a quiet moment");
+        ledger::unreserve(d, 70);
+        ledger::release(d, 100);
+    }
+
+    #[test]
+    fn globals_are_read_from_an_elf_image_and_anything_else_is_none() {
+        // Header, names, NULL, .shstrtab, .nv.global (3 MiB), .nv.global.init (5), .text (7).
+        let names = b"\0.shstrtab\0.nv.global\0.nv.global.init\0.text\0";
+        let mut img = vec![0u8; 64];
+        img[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        let shoff = 64 + names.len();
+        img[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
+        img[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        img[0x3c..0x3e].copy_from_slice(&6u16.to_le_bytes());
+        img[0x3e..0x40].copy_from_slice(&1u16.to_le_bytes());
+        img.extend_from_slice(names);
+        for (name, off, size) in [(0u32, 0u64, 0u64), (1, 64, names.len() as u64), (11, 0, 3 << 20), (22, 0, 5), (38, 0, 7)] {
+            let mut s = [0u8; 64];
+            s[..4].copy_from_slice(&name.to_le_bytes());
+            s[0x18..0x20].copy_from_slice(&off.to_le_bytes());
+            s[0x20..0x28].copy_from_slice(&size.to_le_bytes());
+            img.extend_from_slice(&s);
+        }
+        // Five headers declared as six: the sixth lies past the end.
+        assert_eq!(elf_globals(&img), None);
+        img[0x3c..0x3e].copy_from_slice(&5u16.to_le_bytes());
+        assert_eq!(elf_globals(&img), Some((3 << 20) + 5));
+        assert_eq!(elf_globals(b"//\n// Generated by NVIDIA NVVM Compiler\n.version 8.0"), None);
+        assert_eq!(elf_globals(&img[..100]), None, "truncated");
+    }
+}
