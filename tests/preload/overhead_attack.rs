@@ -1,0 +1,114 @@
+//! Attacks on issue 24's measurement (reviewer's tests, branch attack24): memory that changes on
+//! the device without passing through vramcap's reserve/commit/uncommit/unreserve while a context
+//! is being measured. The "quiet reading" sees vramcap's counts stand still and takes the driver's
+//! books at their word, so whatever moved in the books meanwhile is charged to (or taken from)
+//! the context being made.
+//!
+//! Each test uses the client's `bg N OP...` (the next N words run in a thread of their own) and
+//! contexts that take the fake `FAKECUDA_CTX_DELAY_US` to make (a real driver takes 100s of ms).
+
+use vramcap_tests::common;
+use common::*;
+
+const CAP: u64 = GIB;
+
+fn stats_peak(o: &Output) -> u64 {
+    o.of("stats").last().unwrap().num("peak")
+}
+
+/// A managed allocation prefetched to the host by another thread while a context is made: the
+/// books drop by the allocation (the device no longer holds its pages), vramcap's counts do not
+/// move (a managed allocation counts on its device wherever its pages are), so the context
+/// measures its size less the allocation: nothing. The pages come back with a prefetch (no new
+/// charge: they already count), and an allocation then fits "under" the cap while the device
+/// holds the uncharged context too.
+#[test]
+fn a_managed_prefetch_to_the_host_while_a_context_is_made_does_not_make_the_context_free() {
+    let ops = "init ctx 0 managed 400m bg 9 ctx 0 sleep 150 prefetch1 0 0 400m -1 sleep 50 mkctx 2 0 join \
+               info prefetch1 0 0 400m 0 alloc 300m stats 0";
+    let out = Run::client("client_linked")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("FAKECUDA_CTX_BYTES", "300m")
+        .env("FAKECUDA_CTX_DELAY_US", "300000")
+        .args([ops])
+        .run();
+    out.ok();
+    // 300 (primary) + 400 (managed) + 300 (the new context) = 1000 MiB charged: free 24 MiB.
+    assert_eq!(out.nth("info", 0).num("free"), CAP - 1000 * MIB, "the new context is not charged: {}", out.stdout);
+    assert!(stats_peak(&out) <= CAP, "the device held {} MiB past a 1 GiB cap: {}", stats_peak(&out) / MIB, out.stdout);
+}
+
+/// The mirror image: pages coming back from the host while a context is made are charged as the
+/// context's size (300 + 400 MiB), and a context the bare 1 GiB driver makes is refused.
+#[test]
+fn a_managed_prefetch_back_to_the_device_while_a_context_is_made_is_not_charged_to_the_context() {
+    let ops = "init ctx 0 managed 400m prefetch1 0 0 400m -1 bg 9 ctx 0 sleep 150 prefetch1 0 0 400m 0 sleep 50 mkctx 2 0 join info";
+    let bare = Run::client("client_linked")
+        .bare()
+        .env("FAKECUDA_MEM", "1g")
+        .env("FAKECUDA_CTX_BYTES", "300m")
+        .env("FAKECUDA_CTX_DELAY_US", "300000")
+        .args([ops])
+        .run();
+    bare.ok();
+    assert_eq!(bare.nth("mkctx", 0).rc(), 0, "the bare 1 GiB driver makes it: {}", bare.stdout);
+    let capped = Run::client("client_linked")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("FAKECUDA_CTX_BYTES", "300m")
+        .env("FAKECUDA_CTX_DELAY_US", "300000")
+        .args([ops])
+        .run();
+    capped.ok();
+    assert_eq!(capped.nth("mkctx", 0).rc(), 0, "false denial: {}{}", capped.stdout, capped.stderr);
+}
+
+/// A pool destroyed with an allocation live gives its memory back at that allocation's
+/// cuMemFreeAsync (documented; the fake does). The driver has given it back before the call
+/// returns (`FAKECUDA_FREE_DELAY_US`: a thread descheduled on its way out of the driver), and
+/// vramcap releases the pool's charge only after: meanwhile its counts stand still, and a context
+/// made then measures its size less the pool.
+#[test]
+fn an_orphan_pools_last_free_while_a_context_is_made_does_not_make_the_context_free() {
+    let ops = "init ctx 0 poolcreate 0 palloc 0 400m pooldestroy 0 bg 4 sleep 150 freeasync 0 sleep 50 mkctx 2 0 join \
+               alloc 700m stats 0";
+    let out = Run::client("client_linked")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("FAKECUDA_CTX_BYTES", "300m")
+        .env("FAKECUDA_CTX_DELAY_US", "300000")
+        .env("FAKECUDA_FREE_DELAY_US", "600000")
+        .args([ops])
+        .run();
+    out.ok();
+    assert_eq!(out.nth("alloc", 0).rc(), 2, "700 MiB beside two 300 MiB contexts cannot fit 1 GiB: {}", out.stdout);
+    assert!(stats_peak(&out) <= CAP, "the device held {} MiB past a 1 GiB cap: {}", stats_peak(&out) / MIB, out.stdout);
+}
+
+/// No fake knob at all: a thread cycling a default pool (allocate 300 MiB, free, synchronize:
+/// the synchronize gives the pool's memory back in the driver, vramcap settles the pool after the
+/// call returns) while another creates and destroys contexts. A context measured in the moment
+/// between the driver's trim and vramcap's settle is charged 100 + 300 MiB (the trim before its
+/// first reading) or nothing (after its first). Every context must measure 100 MiB.
+#[test]
+fn pool_trims_at_a_synchronize_never_change_a_contexts_measured_size() {
+    let dir = private_group_dir();
+    let trace = dir.join("trims.jsonl");
+    let out = Run::client("client_linked")
+        .env("VRAMCAP_LIMIT", "15g")
+        .env("FAKECUDA_CTX_BYTES", "100m")
+        .env("VRAMCAP_TRACE", &trace)
+        .env("VRAMCAP_TRACE_MODE", "lossless")
+        .args(["init ctx 0 bg 6 ctx 0 cycles 300000 300m 1 ctxstorm 1 3000 1m join"])
+        .timeout(std::time::Duration::from_secs(300))
+        .run();
+    out.ok();
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let sizes: Vec<u64> = text
+        .lines()
+        .filter(|l| l.contains("\"op\":\"overhead\"") && l.contains("\"api\":\"cuCtxCreate"))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["size"].as_u64().unwrap())
+        .collect();
+    let wrong: Vec<u64> = sizes.iter().copied().filter(|&s| s != 100 * MIB).collect();
+    // ctxstorm: 2000 of its 3000 rounds create a context (cuCtxCreate_v2 / _v4); one charged
+    // nothing leaves no `overhead` event.
+    assert!(wrong.is_empty() && sizes.len() == 2000, "{} contexts charged, {} of them not 100 MiB: {:?}", sizes.len(), wrong.len(), wrong);
+}
