@@ -112,3 +112,63 @@ fn pool_trims_at_a_synchronize_never_change_a_contexts_measured_size() {
     // nothing leaves no `overhead` event.
     assert!(wrong.is_empty() && sizes.len() == 2000, "{} contexts charged, {} of them not 100 MiB: {:?}", sizes.len(), wrong.len(), wrong);
 }
+
+/// A library load brings the context's malloc heap and printf FIFO as a module's first load does
+/// (the fake: eager loading; the Programming Guide: "the actual memory allocation for the heap
+/// occurs when a module is loaded into the context"), but only the image's globals are reserved
+/// before the call: a heap set past the cap is taken by the device, measured, the library is
+/// unloaded again, and the heap stays (with its context) past the cap for good. Modules reserve
+/// the heap first since 05de9e2; libraries do not.
+#[test]
+fn a_library_load_never_makes_the_device_take_a_heap_past_the_cap() {
+    let dir = private_group_dir();
+    let m = dir.join("lib1m.cubin");
+    let ops = format!("init ctx 0 cubin {m} 1m setlimit 2 950m libdata {m} info stats 0", m = m.display());
+    let bare = Run::client("client_linked").bare().env("FAKECUDA_MEM", "1g").env("FAKECUDA_CTX_BYTES", "100m").args([&ops]).run();
+    bare.ok();
+    assert_ne!(bare.nth("libdata", 0).rc(), 0, "the bare 1 GiB driver cannot take the heap: {}", bare.stdout);
+    let capped = Run::client("client_linked").env("VRAMCAP_LIMIT", "1g").env("FAKECUDA_CTX_BYTES", "100m").args([&ops]).run();
+    capped.ok();
+    assert_eq!(capped.nth("libdata", 0).rc(), 2, "{}", capped.stdout);
+    let stats = capped.nth("stats", 0);
+    assert!(stats.num("peak") <= CAP, "the device held {} MiB past a 1 GiB cap: {}", stats.num("peak") / MIB, capped.stdout);
+    assert_eq!(stats.num("bytes_held"), 100 * MIB, "the heap was never taken: {}", capped.stdout);
+}
+
+/// A green context whose create makes the primary context (a program that uses green contexts
+/// only) never tells vramcap the primary context's size (`LAST_CONTEXT`, the group's
+/// `context_bytes`), nor its own (`LAST_GREEN` is noted only when the primary was there before):
+/// measured once, neither is reserved the next time, and a re-create past the cap is taken by the
+/// device before it is measured and refused. docs/coverage.md: "the primary context's last size
+/// when the create will make it" is reserved. A plain context in the same place is refused first.
+#[test]
+fn a_green_context_that_makes_the_primary_is_refused_before_the_device_holds_it_the_second_time() {
+    // Measured once (375 MiB: the primary 300, the green 75), all given back, then 700 MiB of VMM
+    // (a device's, not a context's): 700 + 375 does not fit 1 GiB.
+    let out = Run::client("client_linked")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("FAKECUDA_CTX_BYTES", "300m")
+        .args(["init green 0 greendestroy 0 vmm 700m 0 green 0 stats 0"])
+        .run();
+    out.ok();
+    assert_eq!(out.nth("green", 1).rc(), 2, "{}", out.stdout);
+    let peak = out.nth("stats", 0).num("peak");
+    assert!(peak <= CAP, "the device held {} MiB past a 1 GiB cap: {}", peak / MIB, out.stdout);
+}
+
+/// `cuDevicePrimaryCtxReset` with an allocation live reads the books for the modules and limits
+/// it gives back after `context::ending` has taken the allocation out of `held` (its charge
+/// stays until the call returns): the counts are never quiet, and the reading waits out the whole
+/// patience (100 ms) under the context lock, every reset.
+#[test]
+fn a_primary_reset_with_live_allocations_does_not_wait_out_the_quiet_reading() {
+    let ops = "init ctx 0 alloc 10m reset 0 ctx 0 alloc 10m reset 0 ctx 0 alloc 10m reset 0 ctx 0 alloc 10m reset 0 \
+               ctx 0 alloc 10m reset 0 ctx 0 alloc 10m reset 0 ctx 0 alloc 10m reset 0 ctx 0 alloc 10m reset 0 \
+               ctx 0 alloc 10m reset 0 ctx 0 alloc 10m reset 0";
+    let t = std::time::Instant::now();
+    let out = Run::client("client_linked").env("VRAMCAP_LIMIT", "1g").env("FAKECUDA_CTX_BYTES", "100m").args([ops]).run();
+    out.ok();
+    let took = t.elapsed();
+    assert!(out.of("reset").iter().all(|l| l.rc() == 0), "{}", out.stdout);
+    assert!(took < std::time::Duration::from_millis(700), "ten resets took {took:?} (>= 100 ms each)");
+}
