@@ -1,7 +1,7 @@
 /*
  * overhead.c - device memory no allocation call returns, as the real driver takes it (issue 24):
  *
- *  - a context costs FAKECUDA_CTX_BYTES (default 0) from its creation (cuCtxCreate*, the first
+ *  - a context costs FAKECUDA_CTX_BYTES (default 0; taken after FAKECUDA_CTX_SETUP_US of set-up) from its creation (cuCtxCreate*, the first
  *    cuDevicePrimaryCtxRetain) to its end (cuCtxDestroy, a detach to zero, the last primary
  *    release);
  *  - a module costs its __device__ globals: the sizes of its ELF image's `.nv.global*` sections,
@@ -70,6 +70,8 @@ static unsigned long long limit_of(struct fc_ctx *c, int which, unsigned long lo
 
 CUresult fc_ctx_begin(struct fc_ctx *c)
 {
+    if (fc_cfg.ctx_setup_us > 0)
+        usleep((useconds_t)fc_cfg.ctx_setup_us);
     pthread_mutex_lock(&g_overhead_lock);
     c->ctx_bytes = c->module_bytes = c->heap_bytes = c->stack_bytes = 0;
     c->modules = 0;
