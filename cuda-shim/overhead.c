@@ -52,6 +52,7 @@ struct fc_module {
 struct fc_library {
     unsigned long long globals;
     int unloaded;
+    int lazy;                   /* loaded lazily: into no context until first needed (never here) */
     struct fc_library *next;    /* registry: never freed, so a stale handle is detected */
 };
 
@@ -83,7 +84,7 @@ CUresult fc_ctx_begin(struct fc_ctx *c)
     c->ctx_bytes = fc_cfg.ctx_bytes;
     /* Every library loaded and not unloaded is loaded into a new context at its creation. */
     for (struct fc_library *l = g_libraries; l; l = l->next)
-        if (!l->unloaded && load_into(c, l->globals, l, NULL) != CUDA_SUCCESS) {
+        if (!l->unloaded && !l->lazy && load_into(c, l->globals, l, NULL) != CUDA_SUCCESS) {
             drop_modules(c);
             fc_mem_overhead(c->dev, -(long long)c->ctx_bytes);
             c->ctx_bytes = 0;
@@ -390,6 +391,12 @@ static int options_ok(const void *opts, void **values, unsigned int n)
     return n == 0 || (opts && values);
 }
 
+static int lazy_loading(void)
+{
+    const char *v = getenv("CUDA_MODULE_LOADING");
+    return v && strcmp(v, "LAZY") == 0;
+}
+
 static CUresult library_load(CUlibrary *out, const unsigned char *img, size_t len)
 {
     struct fc_library *lib;
@@ -401,9 +408,13 @@ static CUresult library_load(CUlibrary *out, const unsigned char *img, size_t le
     if (!(lib = calloc(1, sizeof *lib)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     lib->globals = (unsigned long long)globals;
+    lib->lazy = lazy_loading();
     /* Context-independent: into every live context now (eager loading), later ones at their
-     * creation (fc_ctx_begin). The registry lock keeps contexts from beginning meanwhile. */
-    rc = fc_ctx_each_live(load_copy, lib);
+     * creation (fc_ctx_begin). The registry lock keeps contexts from beginning meanwhile.
+     * CUDA_MODULE_LOADING=LAZY (the default on Linux since CUDA 12.2, Programming Guide "Lazy
+     * Loading"): into a context only when a function of it is first needed there, which in the
+     * fake (no launches) is never; the library is still loaded. */
+    rc = lazy_loading() ? CUDA_SUCCESS : fc_ctx_each_live(load_copy, lib);
     pthread_mutex_lock(&g_overhead_lock);
     if (rc != CUDA_SUCCESS) {
         unload_library(lib);

@@ -172,3 +172,36 @@ fn a_primary_reset_with_live_allocations_does_not_wait_out_the_quiet_reading() {
     assert!(out.of("reset").iter().all(|l| l.rc() == 0), "{}", out.stdout);
     assert!(took < std::time::Duration::from_millis(700), "ten resets took {took:?} (>= 100 ms each)");
 }
+
+/// Lazy loading (`CUDA_MODULE_LOADING=LAZY`, the default on Linux since CUDA 12.2): a library is
+/// loaded into a context only when a function of it is first needed there, so its load brings no
+/// heap. vramcap marks every context's heap taken at a library load all the same
+/// (`libraries::load`: `note_heap`), and the next `cuModuleLoad*` there reserves no heap: a heap
+/// set past the cap is taken by the device, the module is unloaded again, and the heap stays past
+/// the cap for good. The fake honours `CUDA_MODULE_LOADING=LAZY` for libraries (attack24).
+#[test]
+fn under_lazy_loading_a_library_does_not_make_the_next_module_skip_the_heap() {
+    let dir = private_group_dir();
+    let m = dir.join("lazy1m.cubin");
+    let ops = format!("init ctx 0 cubin {m} 1m setlimit 2 950m libdata {m} moddata {m} info stats 0", m = m.display());
+    let bare = Run::client("client_linked")
+        .bare()
+        .env("CUDA_MODULE_LOADING", "LAZY")
+        .env("FAKECUDA_MEM", "1g")
+        .env("FAKECUDA_CTX_BYTES", "100m")
+        .args([&ops])
+        .run();
+    bare.ok();
+    assert_eq!((bare.nth("libdata", 0).rc(), bare.nth("moddata", 0).rc()), (0, 303), "the bare driver: {}", bare.stdout);
+    let capped = Run::client("client_linked")
+        .env("CUDA_MODULE_LOADING", "LAZY")
+        .env("VRAMCAP_LIMIT", "1g")
+        .env("FAKECUDA_CTX_BYTES", "100m")
+        .args([&ops])
+        .run();
+    capped.ok();
+    assert_eq!(capped.nth("moddata", 0).rc(), 2, "{}", capped.stdout);
+    let stats = capped.nth("stats", 0);
+    assert!(stats.num("peak") <= CAP, "the device held {} MiB past a 1 GiB cap: {}", stats.num("peak") / MIB, capped.stdout);
+    assert!(stats.num("bytes_held") <= CAP, "the heap stays past the cap: {}", capped.stdout);
+}
