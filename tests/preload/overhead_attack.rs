@@ -205,3 +205,19 @@ fn under_lazy_loading_a_library_does_not_make_the_next_module_skip_the_heap() {
     assert!(stats.num("peak") <= CAP, "the device held {} MiB past a 1 GiB cap: {}", stats.num("peak") / MIB, capped.stdout);
     assert!(stats.num("bytes_held") <= CAP, "the heap stays past the cap: {}", capped.stdout);
 }
+
+/// A context made while a library is loaded gets a copy of it and the heap its first module
+/// brings (eager loading), but only the size the last context measured (made before the library)
+/// is reserved: the device takes the copy past the cap before the context is measured and
+/// refused. The loaded libraries' globals and a heap could be reserved with it.
+#[test]
+fn a_context_made_while_a_library_is_loaded_is_refused_before_the_device_holds_its_copy() {
+    let dir = private_group_dir();
+    let l = dir.join("l450.cubin");
+    let ops = format!("init ctx 0 cubin {l} 450m libdata {l} mkctx 2 0 stats 0", l = l.display());
+    let out = Run::client("client_linked").env("VRAMCAP_LIMIT", "1g").env("FAKECUDA_CTX_BYTES", "100m").args([&ops]).run();
+    out.ok();
+    assert_eq!(out.nth("mkctx", 0).rc(), 2, "{}", out.stdout);
+    let peak = out.nth("stats", 0).num("peak");
+    assert!(peak <= CAP, "the device held {} MiB past a 1 GiB cap: {}", peak / MIB, out.stdout);
+}
