@@ -14,9 +14,10 @@
  *    fake has no kernel launches, so "after a launch that uses malloc" is "after a module load");
  *  - a library (cuLibraryLoadData, cuLibraryLoadFromFile; CUDA 12.0) is context-independent: it
  *    is loaded, as a module of its own, into every live context at the call and into every
- *    context created later, until cuLibraryUnload. That is the documented eager loading
- *    (CUDA_MODULE_LOADING=EAGER); the fake never loads lazily (a real driver in LAZY mode loads
- *    a library into a context only when a function of it is first needed there). A copy that
+ *    context created later, until cuLibraryUnload, with eager loading (CUDA_MODULE_LOADING=EAGER,
+ *    or unset before driver 12.2). Lazy loading (LAZY, or unset from 12.2 on: the real driver's
+ *    default) loads a library into a context only when a function of it is first needed there,
+ *    which in the fake (no launches) is never. A copy that
  *    does not fit fails the load (CUDA_ERROR_OUT_OF_MEMORY, nothing left loaded), or the
  *    context's creation;
  *  - CU_LIMIT_STACK_SIZE "takes effect immediately": the stack above the 1 KiB default costs the
@@ -391,10 +392,14 @@ static int options_ok(const void *opts, void **values, unsigned int n)
     return n == 0 || (opts && values);
 }
 
+/* CUDA_MODULE_LOADING: EAGER or LAZY; unset, LAZY from driver 12.2 on (its default on Linux since
+ * CUDA 12.2, Programming Guide "Lazy Loading"), EAGER before. */
 static int lazy_loading(void)
 {
     const char *v = getenv("CUDA_MODULE_LOADING");
-    return v && strcmp(v, "LAZY") == 0;
+    if (v && *v)
+        return strcmp(v, "LAZY") == 0;
+    return fc_cfg.driver_version >= 12020;
 }
 
 static CUresult library_load(CUlibrary *out, const unsigned char *img, size_t len)

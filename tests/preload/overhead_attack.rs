@@ -124,10 +124,11 @@ fn a_library_load_never_makes_the_device_take_a_heap_past_the_cap() {
     let dir = private_group_dir();
     let m = dir.join("lib1m.cubin");
     let ops = format!("init ctx 0 cubin {m} 1m setlimit 2 950m libdata {m} info stats 0", m = m.display());
-    let bare = Run::client("client_linked").bare().env("FAKECUDA_MEM", "1g").env("FAKECUDA_CTX_BYTES", "100m").args([&ops]).run();
+    let eager = |r: Run| r.env("CUDA_MODULE_LOADING", "EAGER");
+    let bare = eager(Run::client("client_linked").bare()).env("FAKECUDA_MEM", "1g").env("FAKECUDA_CTX_BYTES", "100m").args([&ops]).run();
     bare.ok();
     assert_ne!(bare.nth("libdata", 0).rc(), 0, "the bare 1 GiB driver cannot take the heap: {}", bare.stdout);
-    let capped = Run::client("client_linked").env("VRAMCAP_LIMIT", "1g").env("FAKECUDA_CTX_BYTES", "100m").args([&ops]).run();
+    let capped = eager(Run::client("client_linked")).env("VRAMCAP_LIMIT", "1g").env("FAKECUDA_CTX_BYTES", "100m").args([&ops]).run();
     capped.ok();
     assert_eq!(capped.nth("libdata", 0).rc(), 2, "{}", capped.stdout);
     let stats = capped.nth("stats", 0);
@@ -215,7 +216,7 @@ fn a_context_made_while_a_library_is_loaded_is_refused_before_the_device_holds_i
     let dir = private_group_dir();
     let l = dir.join("l450.cubin");
     let ops = format!("init ctx 0 cubin {l} 450m libdata {l} mkctx 2 0 stats 0", l = l.display());
-    let out = Run::client("client_linked").env("VRAMCAP_LIMIT", "1g").env("FAKECUDA_CTX_BYTES", "100m").args([&ops]).run();
+    let out = Run::client("client_linked").env("CUDA_MODULE_LOADING", "EAGER").env("VRAMCAP_LIMIT", "1g").env("FAKECUDA_CTX_BYTES", "100m").args([&ops]).run();
     out.ok();
     assert_eq!(out.nth("mkctx", 0).rc(), 2, "{}", out.stdout);
     let peak = out.nth("stats", 0).num("peak");

@@ -188,9 +188,11 @@ fn begin_context(api: Hook, dev: CUdevice) -> Option<Option<(overhead::Probe, u6
     if d >= ledger::MAX_DEVICES || super::init::ensure_limits().is_err() {
         return Some(None);
     }
-    // The books first, then the reservation: a reading must not count our own.
+    // The size to reserve first (it may wait for another member's first context), then the books,
+    // then the reservation: a reading must count neither that context nor our own reservation.
+    let est = guarded(0, || overhead::context_estimate(d));
     let probe = guarded_probe(d);
-    match guarded(Ok(0), || overhead::reserve_context(api, d)) {
+    match guarded(Err(CUDA_ERROR_OUT_OF_MEMORY), || overhead::reserve_context(api, d, est)) {
         Ok(reserved) => match probe {
             Some(p) => Some(Some((p, reserved))),
             None => {
@@ -237,8 +239,8 @@ fn finish_measured(api: Hook, probe: &overhead::Probe, reserved: u64, ctx: u64, 
             }
         };
         let fits = overhead::charge(api, ctx, d, bytes, reserved, true).is_ok();
-        if fits && super::libraries::any_loaded() {
-            // Made with a copy of every loaded library, and so with its heap (measured above).
+        if fits && super::libraries::copies_for_a_new_context() > 0 {
+            // Made with a copy of every loaded library (eager loading), and so with its heap.
             overhead::note_heap(ctx);
         }
         fits
@@ -432,9 +434,11 @@ unsafe fn reset(api: Hook, f: unsafe extern "C" fn(CUdevice) -> CUresult, dev: C
     let serial = serial();
     let ctxs = guarded(Vec::new(), || super::green::with_primary(dev, primary_of(dev)));
     let ctx = ctxs.first().copied().unwrap_or(0);
-    let taken = guarded(Vec::new(), || ending(&ctxs));
-    // A reset gives back what modules and limits took (the context itself stays retained).
+    // A reset gives back what modules and limits took (the context itself stays retained): the
+    // books read before the context's allocations stop counting as held (`ending`), while the
+    // counts are quiet; their frees are then in both the books and the counts.
     let probe = usize::try_from(dev).ok().filter(|&d| d < ledger::MAX_DEVICES).and_then(guarded_probe);
+    let taken = guarded(Vec::new(), || ending(&ctxs));
     let rc = unsafe { f(dev) };
     guarded((), || {
         ending_done(api, &ctxs, taken, rc == CUDA_SUCCESS, false);

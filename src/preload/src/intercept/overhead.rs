@@ -143,10 +143,12 @@ pub fn source(p: &Probe) -> Option<Source> {
     p.books.map(|r| r.source)
 }
 
-/// Reserves the size a context on `dev` last measured, before a call that creates one: `Err`
-/// (nothing reserved) when that cannot fit.
-pub fn reserve_context(api: Hook, dev: usize) -> Result<u64, CUresult> {
-    // This process's last context, or the largest any member of its group measured there.
+/// What a context about to be made on `dev` will take at least: the size this process's last
+/// context measured there, or the largest any member of its group measured, plus a copy of each
+/// loaded library (eager loading). Before the books are read for the creation: a member that
+/// waits here for the group's first context (`group::first_context`) must not have the holder's
+/// context in its reading. Reserve it with [`reserve_context`].
+pub fn context_estimate(dev: usize) -> u64 {
     let last = LAST_CONTEXT.get(dev).map_or(0, |l| l.load(Ordering::Acquire));
     let mut est = last.max(crate::group::context_estimate(dev));
     if est == 0 && crate::group::first_context(dev) {
@@ -157,10 +159,26 @@ pub fn reserve_context(api: Hook, dev: usize) -> Result<u64, CUresult> {
     } else if est == 0 {
         est = crate::group::context_estimate(dev);
     }
+    est.saturating_add(super::libraries::copies_for_a_new_context())
+}
+
+/// Reserves `est` ([`context_estimate`]) before a call that creates a context: `Err` (nothing
+/// reserved) when that cannot fit.
+pub fn reserve_context(api: Hook, dev: usize, est: u64) -> Result<u64, CUresult> {
     if est == 0 {
         return Ok(0);
     }
     reserve(api, dev, est).map(|()| est)
+}
+
+/// A context made in a create that also made the primary context (`cuGreenCtxCreate`): `bytes`
+/// for both, noted as the primary context's size (the larger estimate: the next create reserves
+/// at least the primary), so that a program using green contexts only gets a reservation too.
+pub fn note_primary_with_green(dev: usize, bytes: u64) {
+    if let Some(l) = LAST_CONTEXT.get(dev) {
+        l.store(bytes, Ordering::Release);
+    }
+    crate::group::note_context(dev, bytes);
 }
 
 /// Devices where this process holds the group's first-context lease (`group::first_context`).
