@@ -4,7 +4,6 @@ mod group;
 mod group_hostile;
 mod group_observe;
 mod group_overhead;
-mod group_overhead_attack;
 mod group_policy;
 mod group_sharing;
 mod exported;
