@@ -146,3 +146,80 @@ fn an_export_closed_in_its_own_process_leaves_no_charge_behind() {
     let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
     assert_eq!(out.nth("vmm", 0).rc(), 0, "{}", out.stdout);
 }
+
+/// Starts a member that receives the fd and answers, but imports it only when the test says go:
+/// until then the fd is held by a process that has not imported it (the exporter ends meanwhile).
+/// Then it imports and maps the 200 MiB, closes the fd and asks for 200 MiB of its own.
+fn late_importer(s: &Setup, bare: bool) -> Running {
+    let ops = format!(
+        "init ctx 0 fdlisten {} fdrecv fdack waitfifo {} import 0 vamap 0 200m fdclose 0 vmm 200m 0 info",
+        s.sock.display(),
+        s.fifo.display()
+    );
+    let mut r = member(s, bare).args([ops]).spawn();
+    assert_eq!(r.wait_for("fdlisten").rc(), 0);
+    r
+}
+
+/// A member asking for 100 MiB while the exporter's 200 MiB live on in an fd (it reclaims the
+/// ended exporter first): 300 MiB is past the budget.
+fn third_member_is_refused(s: &Setup) {
+    let out = member(s, false).args(["init ctx 0 vmm 100m 0"]).run();
+    assert_eq!(out.nth("vmm", 0).rc(), 2, "the ended exporter's memory lives on in the fd: {}", out.stdout);
+}
+
+/// The exporter ends while the only fd of its export is held by a member that has not imported
+/// it: nobody holds an import, yet the memory lives (the fd keeps it) and is imported afterwards.
+/// It must stay the group's: 200 MiB more is past the 256 MiB budget.
+#[test]
+fn an_fd_not_yet_imported_when_its_exporter_ends_stays_charged() {
+    // Bare: the fd alone keeps the memory on the device after the exporter is gone; the import
+    // and 200 MiB more put 400 MiB on it.
+    let s = setup();
+    let dev = SharedDevice::open(&s.devfile);
+    let mut imp = late_importer(&s, true);
+    export(&s, true);
+    assert_eq!(dev.held(), 200 * MIB, "bare: the fd in the importer keeps the exported memory");
+    go(&s.fifo);
+    assert_eq!(imp.wait_for("import").rc(), 0);
+    assert_eq!(imp.wait_for("vmm").rc(), 0);
+    imp.finish();
+    assert_eq!(dev.peak().load(std::sync::atomic::Ordering::SeqCst), 400 * MIB, "bare: both on the device at once");
+
+    let s = setup();
+    let dev = SharedDevice::open(&s.devfile);
+    let mut imp = late_importer(&s, false);
+    export(&s, false);
+    // Another member needs the budget before the import: it finds the exporter gone.
+    third_member_is_refused(&s);
+    go(&s.fifo);
+    assert_eq!(imp.wait_for("import").rc(), 0);
+    assert_eq!(imp.wait_for("vamap").rc(), 0);
+    assert_eq!(imp.wait_for("vmm").rc(), 2, "the exported memory is still the group's: 200 MiB more is past 256");
+    imp.finish();
+    let peak = dev.peak().load(std::sync::atomic::Ordering::SeqCst);
+    assert!(peak <= BUDGET, "the device held {peak} bytes under a group budget of {BUDGET}");
+}
+
+/// The same with an exporter killed after sending (it never gets to look at its fd): what it
+/// exported stays the group's.
+#[test]
+fn a_killed_exporter_keeps_its_exports_charged() {
+    let s = setup();
+    let dev = SharedDevice::open(&s.devfile);
+    let mut imp = late_importer(&s, false);
+    let hold = s.dir.join("hold");
+    assert!(std::process::Command::new("mkfifo").arg(&hold).status().unwrap().success());
+    let ops = format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0 waitfifo {}", s.sock.display(), hold.display());
+    let mut exp = member(&s, false).args([ops]).spawn();
+    assert_eq!(exp.wait_for("release").rc(), 0);
+    exp.sigkill();
+    third_member_is_refused(&s);
+    go(&s.fifo);
+    assert_eq!(imp.wait_for("import").rc(), 0);
+    assert_eq!(imp.wait_for("vamap").rc(), 0);
+    assert_eq!(imp.wait_for("vmm").rc(), 2, "the killed exporter's memory is still the group's");
+    imp.finish();
+    let peak = dev.peak().load(std::sync::atomic::Ordering::SeqCst);
+    assert!(peak <= BUDGET, "the device held {peak} bytes under a group budget of {BUDGET}");
+}

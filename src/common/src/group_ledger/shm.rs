@@ -34,7 +34,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// (`orphans`).
 /// 6 (issue 24): per device the size of the largest context a member measured there
 /// (`context_bytes`), which a member reserves before it creates its first context.
-pub const VERSION: u32 = 6;
+/// 7 (issue 23, exported fds): bit [`SETTLED`] of `Slot::flags` (the member looked at its
+/// exported fds at exit); a version 6 member would give back memory an fd still open keeps alive.
+pub const VERSION: u32 = 7;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
 pub const NAME_BYTES: usize = 64;
@@ -147,6 +149,9 @@ pub const MODE_OBSERVE: u32 = 2;
 /// `Slot::flags`: the member started while other members held memory (a restart, the "+1"
 /// job): it may take the headroom when nobody uses it (`Shared::try_take_headroom`).
 pub const LATE: u64 = 1;
+/// `Slot::flags`: the member settled its exports at exit (`exports_settling`): what `exported`
+/// still holds has no fd open any more, and lives on only in imports. Cleared by a new export.
+pub const SETTLED: u64 = 2;
 
 #[repr(C)]
 pub struct Shared {
@@ -426,6 +431,9 @@ impl Shared {
         let loans = s.loans_on.load(Acquire);
         // Its imports go first: whether its exports must outlive it is asked of the others.
         let imported = s.imports.swap(0, SeqCst);
+        // A member that did not settle its exports at exit (killed, or gone by `_exit`) may have
+        // left an exported fd open anywhere: all it exported stays the group's for good.
+        let settled = s.flags.load(Acquire) & SETTLED != 0;
         let mut orphaned = false;
         for e in 0..DEVICES {
             // Zero the slot first: a kill right here leaks (stricter), never double-counts.
@@ -434,9 +442,10 @@ impl Shared {
             // What it borrowed goes back to its lenders (it stays in `held`, as their reserve).
             let repaid = if loans & (1 << e) != 0 { self.repay(i, e, charged) } else { 0 };
             // Memory it exported may be mapped by an importer still running: it stays in `held`
-            // as the group's, until no member holds an import.
-            let kept = if exported > 0 && self.imports_held() > 0 { exported.min(charged - repaid) } else { 0 };
-            if kept > 0 {
+            // as the group's, until no member holds an import (settled: no fd of it is open), or
+            // for good (unsettled: an fd may be open anywhere, and imported later).
+            let kept = if exported > 0 && (!settled || self.imports_held() > 0) { exported.min(charged - repaid) } else { 0 };
+            if kept > 0 && settled {
                 self.orphans[e].fetch_add(kept, SeqCst);
                 orphaned = true;
             }

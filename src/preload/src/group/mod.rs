@@ -374,6 +374,21 @@ pub fn exported(dev: usize, size: u64) {
     }
 }
 
+/// This member is settling its exports at exit (`intercept::handles::settle_exports`): what stays
+/// marked exported has no fd open any more (unless it exports again meanwhile).
+pub fn exports_settling() {
+    if let Some((s, slot)) = me() {
+        s.exports_settling(slot);
+    }
+}
+
+/// `size` bytes of this member's exported charge on `dev` may be imported by any process after it
+/// ends (an exported fd still open somewhere): they stay the group's for good.
+pub fn export_kept(dev: usize, size: u64) {
+    let (Some((s, slot)), Some(e)) = (me(), entry(dev)) else { return };
+    s.kept_for_good(slot, e, size);
+}
+
 /// This member holds one more shareable handle another process exported.
 pub fn import_began() {
     let Some(s) = shared() else { return };

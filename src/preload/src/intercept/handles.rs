@@ -26,6 +26,7 @@
 //! driver call.
 
 use super::charge::{Timed, emit};
+use super::shareable::{self, Watch};
 use crate::events::Op;
 use crate::ffi::*;
 use crate::hooks::Hook;
@@ -69,6 +70,8 @@ struct Table {
     handles: HashMap<u64, u64>,
     /// Mapped piece start → (end, allocation id); pieces never overlap.
     pieces: BTreeMap<u64, (u64, u64)>,
+    /// Allocation id → its exports' watches (`shareable`): exported allocations never end here.
+    watches: HashMap<u64, Vec<Watch>>,
     next: u64,
 }
 
@@ -313,26 +316,79 @@ pub fn export_begin(handle: u64) -> Option<u64> {
 }
 
 /// After the export: a shared allocation is never ended (its charge stays); a refused export
-/// changes nothing.
-pub fn export_end(id: Option<u64>, t: Timed) {
+/// changes nothing. `watch` follows the exported fd (`shareable`), asked for on success only.
+pub fn export_end(id: Option<u64>, t: Timed, watch: impl FnOnce() -> Watch) {
     let Some(id) = id else { return };
+    let w = (t.rc == CUDA_SUCCESS).then(watch);
     let mut gone = Vec::new();
-    let mut first = None;
+    let mut marked = None;
+    let mut unused = w;
     with(|tb| {
         if let Some(a) = tb.allocs.get_mut(&id) {
             a.pending -= 1;
-            if t.rc == CUDA_SUCCESS && !a.exported && !a.foreign {
+            if let Some(w) = w
+                && !a.foreign
+            {
+                // Its first export: from now on it may outlive this process.
+                let first = !a.exported;
                 a.exported = true;
-                first = ledger::peek(Kind::VmmHandle, a.key);
+                marked = ledger::peek(Kind::VmmHandle, a.key).map(|c| (c, first));
+                tb.watches.entry(id).or_default().push(w);
+                unused = None;
             }
         }
         tb.end_if_dead(id, &mut gone);
     });
-    // Its first export: from now on it may outlive this process.
-    if let Some(c) = first {
-        crate::group::exported(c.dev as usize, c.size);
+    if let Some(w) = unused {
+        shareable::forget(w);
+    }
+    // Every export counts: one made while the member settles its exports at exit unsettles them.
+    if let Some((c, first)) = marked {
+        crate::group::exported(c.dev as usize, if first { c.size } else { 0 });
+        install_settle();
     }
     charge_off(Hook::cuMemExportToShareableHandle, t, gone);
+}
+
+/// At exit, in a group: each allocation this process exported whose exported fd may still be open
+/// anywhere (`shareable::still_open`) stays the group's for good, since any process may import it
+/// later; the others are left to the member's reclaim, which keeps them while members hold
+/// imports. Changes no charge of this process: it is ending.
+pub fn settle_exports() {
+    let me = std::process::id();
+    crate::group::exports_settling();
+    let exports: Vec<(Charge, Vec<Watch>)> = with(|tb| {
+        let mut out = Vec::new();
+        for (id, ws) in &tb.watches {
+            if let Some(a) = tb.allocs.get(id)
+                && a.exported
+                && ws.first().is_some_and(|w| w.pid == me)
+                && let Some(c) = ledger::peek(Kind::VmmHandle, a.key)
+            {
+                out.push((c, ws.clone()));
+            }
+        }
+        out
+    });
+    for (c, ws) in exports {
+        // Every watch is asked (each closes its own copy): no short cut.
+        let open = ws.into_iter().fold(false, |open, w| shareable::still_open(w) | open);
+        if open {
+            crate::group::export_kept(c.dev as usize, c.size);
+        }
+    }
+}
+
+fn install_settle() {
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    extern "C" fn settle() {
+        super::guarded((), settle_exports);
+    }
+    if crate::group::active() {
+        AT_EXIT.call_once(|| unsafe {
+            libc::atexit(settle);
+        });
+    }
 }
 
 /// What `unmap_begin` changed, undone by a failed call.
