@@ -4,7 +4,10 @@
 //! (`Slot::imports`). When a member ends ([`Shared::reclaim`]) its exported bytes stay in `held`
 //! as the group's (`Shared::orphans`) while any member holds an import, since the importer's
 //! mapping keeps the memory alive and the driver does not say which export an import came from;
-//! they go back when no member holds one.
+//! they go back when no member holds one. That holds only for exports whose every fd is closed,
+//! which the member settles at exit (`SETTLED`, preload `intercept::shareable`); an export whose fd
+//! may still be open (sent, not yet imported), or any export of a member that ended unsettled,
+//! stays in `held` for good ([`Shared::kept_for_good`]): any process may import it later.
 
 use super::shm::{DEVICES, SETTLED, Shared, SlotWord, State, sub_saturating};
 use std::sync::atomic::Ordering::*;
