@@ -147,6 +147,17 @@ fn an_export_closed_in_its_own_process_leaves_no_charge_behind() {
     assert_eq!(out.nth("vmm", 0).rc(), 0, "{}", out.stdout);
 }
 
+/// vramcap never closes the application's fd: an `atexit` handler the application registered
+/// before its first export (so it runs after any vramcap registered at the export) still finds
+/// the exported fd open.
+#[test]
+fn the_exported_fd_stays_open_for_the_applications_own_atexit_handlers() {
+    let s = setup();
+    let out = member(&s, false).args(["init ctx 0 exitfd 0 vmmfd 200m 0 export 0 release 0"]).run();
+    out.ok();
+    assert_eq!(out.nth("exitfd", 1).rc(), 0, "the application's fd was closed under it: {}", out.stdout);
+}
+
 /// Starts a member that receives the fd and answers, but imports it only when the test says go:
 /// until then the fd is held by a process that has not imported it (the exporter ends meanwhile).
 /// Then it imports and maps the 200 MiB, closes the fd and asks for 200 MiB of its own.

@@ -371,7 +371,7 @@ pub fn settle_exports() {
         out
     });
     for (c, ws) in exports {
-        // Every watch is asked (each closes its own copy): no short cut.
+        // Every watch is asked (each closes its probe): no short cut.
         let open = ws.into_iter().fold(false, |open, w| shareable::still_open(w) | open);
         if open {
             crate::group::export_kept(c.dev as usize, c.size);

@@ -9,8 +9,8 @@
 //! it answers whether the exported description still exists, in whatever process.
 //!
 //! A member asks at its exit (`handles::settle_exports`, in a group only): an export whose
-//! description is gone can live on only in imports (which members count); one still open, or one
-//! vramcap could not watch (another handle type, a file that takes no lock), may be imported by
+//! description is gone can live on only in imports (which members count); one still open (the
+//! application's own fd too: vramcap never closes it), or one vramcap could not watch (another handle type, a file that takes no lock), may be imported by
 //! any process later, and stays the group's for good (`shm::Shared::kept_for_good`).
 
 use std::ffi::{c_int, c_void};
@@ -27,19 +27,15 @@ const BYTE_BASE: i64 = 1 << 40;
 pub struct Watch {
     /// The exporting process: a forked child inherits the table, not the exports.
     pub pid: u32,
-    /// The fd the driver handed out (the application's).
-    fd: c_int,
     /// Our own description of the same file; −1: not watched (counts as open).
     probe: c_int,
     byte: i64,
-    dev: u64,
-    ino: u64,
 }
 
 impl Watch {
     /// An export vramcap cannot watch: it may be open anywhere, for good.
     pub fn unsure() -> Watch {
-        Watch { pid: std::process::id(), fd: -1, probe: -1, byte: 0, dev: 0, ino: 0 }
+        Watch { pid: std::process::id(), probe: -1, byte: 0 }
     }
 }
 
@@ -62,7 +58,7 @@ pub unsafe fn watch(kind: c_int, shareable: *const c_void) -> Watch {
     }
     let path = format!("/proc/self/fd/{fd}\0");
     let probe = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    let w = Watch { pid, fd, probe, byte, dev, ino };
+    let w = Watch { pid, probe, byte };
     // The probe must see the lock, or it can tell nothing.
     if probe < 0 || identity(probe) != Some((dev, ino)) || locked(probe, byte) != Some(true) {
         forget(w);
@@ -78,17 +74,12 @@ pub fn forget(w: Watch) {
     }
 }
 
-/// At exit: whether the exported description may still be open anywhere. The application's own
-/// copy, if `fd` still is it, is closed first (the process is ending, and with it that copy): what
-/// counts is whether anyone else holds one. Unsure is open.
+/// At exit: whether the exported description may still be open anywhere (the application's own
+/// copy included: vramcap never closes an fd it did not open, since the application may use it
+/// after this, in a later `atexit` handler or a destructor). Unsure is open.
 pub fn still_open(w: Watch) -> bool {
     if w.probe < 0 {
         return true;
-    }
-    // `fd` is the exported description when it is the same file and sees no lock at our byte from
-    // another description while the probe sees one (only the exported description takes it).
-    if identity(w.fd) == Some((w.dev, w.ino)) && locked(w.fd, w.byte) == Some(false) && locked(w.probe, w.byte) == Some(true) {
-        unsafe { libc::close(w.fd) };
     }
     let open = locked(w.probe, w.byte) != Some(false);
     forget(w);
@@ -128,32 +119,29 @@ mod tests {
         unsafe { libc::memfd_create(c"watch".as_ptr(), 0) }
     }
 
-    /// A copy of the exported description kept elsewhere (here: a dup, as SCM_RIGHTS or fork
-    /// would make) keeps it open after the application's fd closes; with the last copy it is gone.
+    /// A copy of the exported description (here: a dup, as SCM_RIGHTS or fork would make) keeps
+    /// it open after the application's fd closes; with the last copy it is gone. The application's
+    /// fd is never closed by vramcap.
     #[test]
     fn a_watch_sees_the_exported_description_until_its_last_copy_closes() {
         let fd = memfd();
         let w = unsafe { watch(POSIX_FD, (&fd as *const c_int).cast()) };
         assert!(w.probe >= 0);
         let copy = unsafe { libc::dup(fd) };
+        unsafe { libc::close(fd) };
         assert!(still_open(w), "a copy is still open");
-        assert_eq!(unsafe { libc::fcntl(fd, libc::F_GETFD) }, -1, "the application's own copy was closed");
         unsafe { libc::close(copy) };
 
         let fd = memfd();
         let w = unsafe { watch(POSIX_FD, (&fd as *const c_int).cast()) };
-        assert!(!still_open(w), "the application's copy was the last");
+        assert!(still_open(w), "the application's own fd is open");
+        assert_ne!(unsafe { libc::fcntl(fd, libc::F_GETFD) }, -1, "and left open");
+        unsafe { libc::close(fd) };
 
-        // The application closed its fd and the number went to another description of the same
-        // file: that one is not closed, and the export is gone.
         let fd = memfd();
         let w = unsafe { watch(POSIX_FD, (&fd as *const c_int).cast()) };
-        let other = unsafe { libc::open(format!("/proc/self/fd/{fd}\0").as_ptr().cast(), libc::O_RDONLY) };
-        unsafe { libc::dup2(other, fd) };
-        assert!(!still_open(w));
-        assert_ne!(unsafe { libc::fcntl(fd, libc::F_GETFD) }, -1, "not the exported description: left open");
         unsafe { libc::close(fd) };
-        unsafe { libc::close(other) };
+        assert!(!still_open(w), "the application's copy was the last");
     }
 
     #[test]
