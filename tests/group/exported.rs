@@ -212,8 +212,8 @@ fn an_fd_not_yet_imported_when_its_exporter_ends_stays_charged() {
     assert!(peak <= BUDGET, "the device held {peak} bytes under a group budget of {BUDGET}");
 }
 
-/// The same with an exporter killed after sending (it never gets to look at its fd): what it
-/// exported stays the group's.
+/// The same with an exporter killed after sending: what it exported stays the group's while the fd
+/// lives and its import is held, and comes back once both are gone (not kept for good).
 #[test]
 fn a_killed_exporter_keeps_its_exports_charged() {
     let s = setup();
@@ -233,4 +233,92 @@ fn a_killed_exporter_keeps_its_exports_charged() {
     imp.finish();
     let peak = dev.peak().load(std::sync::atomic::Ordering::SeqCst);
     assert!(peak <= BUDGET, "the device held {peak} bytes under a group budget of {BUDGET}");
+    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
+    assert_eq!(out.nth("vmm", 0).rc(), 0, "no fd and no import of it is left: the group gave it back: {}", out.stdout);
+}
+
+/// A process outside CUDA that receives the fd and holds it without importing it, closes it when
+/// the test says go, and then waits for `hold` before it exits.
+fn receiver(s: &Setup, hold: &Path) -> Running {
+    assert!(std::process::Command::new("mkfifo").arg(hold).status().unwrap().success());
+    let ops = format!("fdlisten {} fdrecv fdack waitfifo {} fdclose 0 waitfifo {}", s.sock.display(), s.fifo.display(), hold.display());
+    let mut r = member(s, false).args([ops]).spawn();
+    assert_eq!(r.wait_for("fdlisten").rc(), 0);
+    r
+}
+
+/// An exporter killed while the only fd of its export sits unimported in another process: the
+/// group keeps the memory while that fd is open, and gives it back when it closes, with no
+/// operator and while that process still runs.
+#[test]
+fn a_killed_exporters_memory_comes_back_when_its_last_fd_closes() {
+    let s = setup();
+    let hold = s.dir.join("hold");
+    let mut rx = receiver(&s, &hold);
+    let stop = s.dir.join("stop");
+    assert!(std::process::Command::new("mkfifo").arg(&stop).status().unwrap().success());
+    let ops = format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0 waitfifo {}", s.sock.display(), stop.display());
+    let mut exp = member(&s, false).args([ops]).spawn();
+    assert_eq!(exp.wait_for("release").rc(), 0);
+    exp.sigkill();
+    third_member_is_refused(&s);
+    go(&s.fifo);
+    assert_eq!(rx.wait_for("fdclose").rc(), 0);
+    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
+    assert_eq!(out.nth("vmm", 0).rc(), 0, "its last fd closed: the group gave it back: {}", out.stdout);
+    go(&hold);
+    rx.finish();
+}
+
+/// An exporter that exits with its own fd still open (no copy elsewhere): the memory goes with the
+/// process, and so does the group's charge.
+#[test]
+fn an_fd_left_open_at_exit_goes_with_its_process() {
+    let s = setup();
+    let out = member(&s, false).args(["init ctx 0 vmmfd 200m 0 export 0 release 0"]).run();
+    out.ok();
+    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
+    assert_eq!(out.nth("vmm", 0).rc(), 0, "nothing of it is left: {}", out.stdout);
+}
+
+/// An export vramcap cannot watch (here: its `/proc/locks` hidden by a bind mount, so its lock
+/// cannot be seen) stays the group's after its exporter ends, whatever happens to its fd: `vramcap
+/// limit` shows it as undecidable and `--drop-exports` gives it back.
+#[test]
+fn an_export_vramcap_cannot_watch_stays_until_an_operator_drops_it() {
+    if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/usr/bin/unshare").exists() {
+        eprintln!("SKIPPED: needs root and unshare -m");
+        return;
+    }
+    let s = setup();
+    let client = ctests_dir().join("client_linked");
+    let sh = s.dir.join("hidden.sh");
+    let script = format!("mount --bind /dev/null /proc/locks && exec {} init ctx 0 vmmfd 200m 0 export 0 release 0\n", client.display());
+    std::fs::write(&sh, script).unwrap();
+    let out = Run::program(Path::new("unshare"))
+        .env("VRAMCAP_GROUP", "xg")
+        .env("VRAMCAP_GROUP_DIR", &s.dir)
+        .env("VRAMCAP_GROUP_LIMIT", "256m")
+        .env("FAKECUDA_SHARED_DEVICE", &s.devfile)
+        .args(["-m sh", sh.to_str().unwrap()])
+        .run();
+    out.ok();
+    assert_eq!(out.nth("export", 0).rc(), 0, "{}", out.stdout);
+    let limit = |extra: &[&str]| {
+        let o = std::process::Command::new(vramcap_bin())
+            .args(["limit", "--group", "xg", "--group-dir", s.dir.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let shown = limit(&[]);
+    assert!(shown.contains("200.0 MiB undecidable"), "{shown}");
+    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
+    assert_eq!(out.nth("vmm", 0).rc(), 2, "kept, although its fd is gone: {}", out.stdout);
+    let dropped = limit(&["--drop-exports"]);
+    assert!(dropped.contains("gave back 200.0 MiB"), "{dropped}");
+    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
+    assert_eq!(out.nth("vmm", 0).rc(), 0, "{}", out.stdout);
 }

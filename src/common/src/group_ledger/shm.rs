@@ -15,6 +15,7 @@
 //!   with one CAS: exactly once. The word carries a generation so a slot freed and taken again
 //!   between our look and our CAS is not mistaken for the one we looked at.
 
+use super::kept::Kept;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
@@ -34,8 +35,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// (`orphans`).
 /// 6 (issue 24): per device the size of the largest context a member measured there
 /// (`context_bytes`), which a member reserves before it creates its first context.
-/// 7 (issue 23, exported fds): bit [`SETTLED`] of `Slot::flags` (the member looked at its
-/// exported fds at exit); a version 6 member would give back memory an fd still open keeps alive.
+/// 7 (issue 23, exported fds): the group's records of exported files (`kept`, [`super::kept`]):
+/// an ended member's exported memory stays in `held` until no open file description of it is
+/// left (then it lives only in imports: `orphans`); a version 6 member would give it back with
+/// its exporter, while an fd sent and not yet imported keeps the memory alive.
 pub const VERSION: u32 = 7;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
@@ -149,9 +152,6 @@ pub const MODE_OBSERVE: u32 = 2;
 /// `Slot::flags`: the member started while other members held memory (a restart, the "+1"
 /// job): it may take the headroom when nobody uses it (`Shared::try_take_headroom`).
 pub const LATE: u64 = 1;
-/// `Slot::flags`: the member settled its exports at exit (`exports_settling`): what `exported`
-/// still holds has no fd open any more, and lives on only in imports. Cleared by a new export.
-pub const SETTLED: u64 = 2;
 
 #[repr(C)]
 pub struct Shared {
@@ -162,6 +162,8 @@ pub struct Shared {
     /// which export it came from the driver does not say). Given back when no member holds one.
     pub orphans: [AtomicU64; DEVICES],
     pub slots: [Slot; SLOTS],
+    /// Exported memory of ended members whose file may still be open ([`super::kept`]).
+    pub kept: Kept,
 }
 
 pub const LAYOUT_BYTES: usize = std::mem::size_of::<Shared>();
@@ -429,26 +431,20 @@ impl Shared {
         s.word.compare_exchange(w, mine.pack(), AcqRel, Relaxed).ok()?;
         let mut total = 0;
         let loans = s.loans_on.load(Acquire);
-        // Its imports go first: whether its exports must outlive it is asked of the others.
+        // Its imports go first: exported memory they kept alive may go back with them.
         let imported = s.imports.swap(0, SeqCst);
-        // A member that did not settle its exports at exit (killed, or gone by `_exit`) may have
-        // left an exported fd open anywhere: all it exported stays the group's for good.
-        let settled = s.flags.load(Acquire) & SETTLED != 0;
-        let mut orphaned = false;
+        let mut kept_on = [0u64; DEVICES];
         for e in 0..DEVICES {
             // Zero the slot first: a kill right here leaks (stricter), never double-counts.
             let charged = s.charge[e].swap(0, AcqRel);
             let exported = s.exported[e].swap(0, AcqRel).min(charged);
             // What it borrowed goes back to its lenders (it stays in `held`, as their reserve).
             let repaid = if loans & (1 << e) != 0 { self.repay(i, e, charged) } else { 0 };
-            // Memory it exported may be mapped by an importer still running: it stays in `held`
-            // as the group's, until no member holds an import (settled: no fd of it is open), or
-            // for good (unsettled: an fd may be open anywhere, and imported later).
-            let kept = if exported > 0 && (!settled || self.imports_held() > 0) { exported.min(charged - repaid) } else { 0 };
-            if kept > 0 && settled {
-                self.orphans[e].fetch_add(kept, SeqCst);
-                orphaned = true;
-            }
+            // Memory it exported may live on: in an fd still open anywhere (sent, not yet
+            // imported), or in an importer's mapping. It stays in `held`, described by the
+            // member's export records, until `sweep_exports` finds no open file of it.
+            let kept = exported.min(charged - repaid);
+            kept_on[e] = kept;
             let unmet = s.unmet[e].swap(0, AcqRel);
             s.reserve[e].store(0, Release);
             total += charged - kept;
@@ -459,8 +455,11 @@ impl Shared {
                 sub_saturating(&self.devices[e].held, charged - repaid - kept + unmet);
             }
         }
-        if imported > 0 || orphaned {
-            // The last import may have ended with this member, or ended elsewhere while we kept.
+        // Before the slot is free (an ended record is one whose slot is): records never stand for
+        // more than it kept, whatever the sweep does later.
+        self.settle_records(i, sw.generation, &kept_on);
+        if imported > 0 {
+            // The last import may have ended with this member.
             self.release_orphans();
         }
         self.forget_loans(i);
@@ -552,7 +551,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<Header>(), 128);
         assert_eq!(std::mem::size_of::<Device>(), 128);
         assert_eq!(std::mem::size_of::<Slot>(), 2368);
-        assert_eq!(LAYOUT_BYTES, 128 + 128 * 64 + 8 * 64 + 2368 * 1024);
+        assert_eq!(std::mem::size_of::<Kept>(), 576 + 64 * super::super::kept::RECORDS);
+        assert_eq!(LAYOUT_BYTES, 128 + 128 * 64 + 8 * 64 + 2368 * 1024 + 576 + 64 * 1024);
         assert_eq!(std::mem::offset_of!(Shared, devices) % 64, 0);
     }
 

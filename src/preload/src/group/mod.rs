@@ -366,7 +366,8 @@ pub fn release(dev: usize, size: u64) {
 }
 
 /// `size` bytes of this member's charge on `dev` were exported as a shareable handle: memory an
-/// importer may keep alive after this process ends (`shm::Shared::reclaim` keeps it the group's).
+/// fd or an importer may keep alive after this process ends (`shm::Shared::reclaim` keeps it the
+/// group's, `group_ledger::kept` decides when it goes).
 pub fn exported(dev: usize, size: u64) {
     let (Some(s), Some(e)) = (shared(), entry(dev)) else { return };
     if let Some(slot) = my_slot(s) {
@@ -374,19 +375,26 @@ pub fn exported(dev: usize, size: u64) {
     }
 }
 
-/// This member is settling its exports at exit (`intercept::handles::settle_exports`): what stays
-/// marked exported has no fd open any more (unless it exports again meanwhile).
-pub fn exports_settling() {
-    if let Some((s, slot)) = me() {
-        s.exports_settling(slot);
-    }
+/// A new id for an exported allocation (its exports' lock byte, `group_ledger::kept`); `None`
+/// outside a group.
+pub fn new_export_id() -> Option<u64> {
+    shared().map(|s| s.new_export_id())
 }
 
-/// `size` bytes of this member's exported charge on `dev` may be imported by any process after it
-/// ends (an exported fd still open somewhere): they stay the group's for good.
-pub fn export_kept(dev: usize, size: u64) {
-    let (Some((s, slot)), Some(e)) = (me(), entry(dev)) else { return };
-    s.kept_for_good(slot, e, size);
+/// Records an export of this member's allocation `id` (`size` bytes on `dev`, 0 for one more
+/// export of it) whose exported file is `file` (device, inode) locked at the id's byte; `None`:
+/// not watched (its allocation is never given back without an operator). False: not recorded.
+pub fn record_export(dev: usize, size: u64, id: u64, file: Option<(u64, u64)>) -> bool {
+    let (Some((s, slot)), Some(e)) = (me(), entry(dev)) else { return false };
+    let (d, ino) = file.unwrap_or((0, 0));
+    s.record_export(slot, e, size, d, ino, id, file.is_none())
+}
+
+/// An export of allocation `id` could not be watched or recorded: none of its records is swept.
+pub fn export_unsure(id: u64) {
+    if let Some((s, slot)) = me() {
+        s.export_unsure(slot, id);
+    }
 }
 
 /// This member holds one more shareable handle another process exported.

@@ -11,8 +11,9 @@
 //! A shareable handle (`cuMemExportToShareableHandle`) is a reference too, released wherever it
 //! was imported, which this process cannot see: an exported allocation is never ended here, and
 //! its charge stays for the life of the process. In a group its bytes are marked exported in the
-//! member's slot, so that when this process ends they stay the group's while another member holds
-//! an import (`shm::Shared::reclaim`). A handle imported from another process (`foreign`) is
+//! member's slot and each export is recorded with its locked file (`shareable`), so that when this
+//! process ends they stay the group's while an fd of them is open anywhere or another member holds
+//! an import (`group_ledger::kept`). A handle imported from another process (`foreign`) is
 //! charged nowhere here (its exporter is charged), but its lifetime is followed the same way
 //! (references and mappings): while it lasts, this member holds an import.
 //!
@@ -26,7 +27,6 @@
 //! driver call.
 
 use super::charge::{Timed, emit};
-use super::shareable::{self, Watch};
 use crate::events::Op;
 use crate::ffi::*;
 use crate::hooks::Hook;
@@ -37,6 +37,8 @@ use std::collections::{BTreeMap, HashMap};
 /// Ledger keys of allocations whose handle is released while still mapped (handles are driver
 /// pointers, far below this bit).
 const ORPHAN: u64 = 1 << 63;
+/// `Alloc::export_id` of an allocation not watched (outside a group, or unwatchable).
+const UNWATCHED: u64 = u64::MAX;
 
 #[derive(Clone, Copy, Debug)]
 struct Alloc {
@@ -52,6 +54,9 @@ struct Alloc {
     pending: u32,
     /// Exported as a shareable handle: alive for the life of the process.
     exported: bool,
+    /// In a group, the id its exports lock (`shareable`): 0 none yet, [`UNWATCHED`] an export of
+    /// it could not be watched or recorded (the group keeps it until an operator drops it).
+    export_id: u64,
     /// Imported from another process's shareable handle: no charge here; its end is the end of
     /// one of this group member's imports.
     foreign: bool,
@@ -70,8 +75,6 @@ struct Table {
     handles: HashMap<u64, u64>,
     /// Mapped piece start → (end, allocation id); pieces never overlap.
     pieces: BTreeMap<u64, (u64, u64)>,
-    /// Allocation id → its exports' watches (`shareable`): exported allocations never end here.
-    watches: HashMap<u64, Vec<Watch>>,
     next: u64,
 }
 
@@ -208,7 +211,7 @@ pub fn created(handle: u64) -> u64 {
     with(|t| {
         t.next += 1;
         let id = t.next;
-        t.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, foreign: false });
+        t.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, export_id: 0, foreign: false });
         t.bind(handle, id, &mut gone);
     });
     charge_off(Hook::cuMemCreate, Timed::instant(CUDA_SUCCESS), gone);
@@ -316,78 +319,53 @@ pub fn export_begin(handle: u64) -> Option<u64> {
 }
 
 /// After the export: a shared allocation is never ended (its charge stays); a refused export
-/// changes nothing. `watch` follows the exported fd (`shareable`), asked for on success only.
-pub fn export_end(id: Option<u64>, t: Timed, watch: impl FnOnce() -> Watch) {
+/// changes nothing. In a group, `watch(id)` locks the exported fd at the allocation's id
+/// (`shareable::watch`) and the export is recorded in the group's ledger, so that the group keeps
+/// the memory after this process ends as long as an fd of it is open anywhere.
+pub fn export_end(id: Option<u64>, t: Timed, watch: impl FnOnce(u64) -> Option<(u64, u64)>) {
     let Some(id) = id else { return };
-    let w = (t.rc == CUDA_SUCCESS).then(watch);
     let mut gone = Vec::new();
     let mut marked = None;
-    let mut unused = w;
     with(|tb| {
         if let Some(a) = tb.allocs.get_mut(&id) {
             a.pending -= 1;
-            if let Some(w) = w
-                && !a.foreign
-            {
+            if t.rc == CUDA_SUCCESS && !a.foreign {
                 // Its first export: from now on it may outlive this process.
                 let first = !a.exported;
                 a.exported = true;
-                marked = ledger::peek(Kind::VmmHandle, a.key).map(|c| (c, first));
-                tb.watches.entry(id).or_default().push(w);
-                unused = None;
+                // The id is taken under the table's lock: concurrent exports of one allocation
+                // share it (one atomic add in the ledger, no I/O).
+                if a.export_id == 0 {
+                    a.export_id = crate::group::new_export_id().unwrap_or(UNWATCHED);
+                }
+                marked = ledger::peek(Kind::VmmHandle, a.key).map(|c| (c, first, a.export_id));
             }
         }
         tb.end_if_dead(id, &mut gone);
     });
-    if let Some(w) = unused {
-        shareable::forget(w);
-    }
-    // Every export counts: one made while the member settles its exports at exit unsettles them.
-    if let Some((c, first)) = marked {
-        crate::group::exported(c.dev as usize, if first { c.size } else { 0 });
-        install_settle();
+    if let Some((c, first, xid)) = marked {
+        let (dev, size) = (c.dev as usize, if first { c.size } else { 0 });
+        crate::group::exported(dev, size);
+        if xid != UNWATCHED {
+            record(id, xid, dev, size, watch(xid));
+        }
     }
     charge_off(Hook::cuMemExportToShareableHandle, t, gone);
 }
 
-/// At exit, in a group: each allocation this process exported whose exported fd may still be open
-/// anywhere (`shareable::still_open`) stays the group's for good, since any process may import it
-/// later; the others are left to the member's reclaim, which keeps them while members hold
-/// imports. Changes no charge of this process: it is ending.
-pub fn settle_exports() {
-    let me = std::process::id();
-    crate::group::exports_settling();
-    let exports: Vec<(Charge, Vec<Watch>)> = with(|tb| {
-        let mut out = Vec::new();
-        for (id, ws) in &tb.watches {
-            if let Some(a) = tb.allocs.get(id)
-                && a.exported
-                && ws.first().is_some_and(|w| w.pid == me)
-                && let Some(c) = ledger::peek(Kind::VmmHandle, a.key)
-            {
-                out.push((c, ws.clone()));
-            }
-        }
-        out
-    });
-    for (c, ws) in exports {
-        // Every watch is asked (each closes its probe): no short cut.
-        let open = ws.into_iter().fold(false, |open, w| shareable::still_open(w) | open);
-        if open {
-            crate::group::export_kept(c.dev as usize, c.size);
-        }
-    }
-}
-
-fn install_settle() {
-    static AT_EXIT: std::sync::Once = std::sync::Once::new();
-    extern "C" fn settle() {
-        super::guarded((), settle_exports);
-    }
-    if crate::group::active() {
-        AT_EXIT.call_once(|| unsafe {
-            libc::atexit(settle);
-        });
+/// Records one export of allocation `id` (group id `xid`). One that cannot be watched or recorded
+/// makes the whole allocation undecidable; so does one recorded while another export of it found
+/// that meanwhile (the table's lock orders the two: one of them sees the other).
+fn record(id: u64, xid: u64, dev: usize, size: u64, file: Option<(u64, u64)>) {
+    let recorded = crate::group::record_export(dev, size, xid, file);
+    let unsure = if !recorded || file.is_none() {
+        with(|tb| tb.allocs.get_mut(&id).map(|a| a.export_id = UNWATCHED));
+        true
+    } else {
+        with(|tb| tb.allocs.get(&id).is_some_and(|a| a.export_id == UNWATCHED))
+    };
+    if unsure {
+        crate::group::export_unsure(xid);
     }
 }
 
@@ -507,7 +485,7 @@ pub fn import_end(counted: bool, handle: impl FnOnce() -> u64, t: Timed) {
             }
             tb.next += 1;
             let id = tb.next;
-            tb.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, foreign: true });
+            tb.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, export_id: 0, foreign: true });
             tb.bind(handle, id, &mut gone);
             true
         });

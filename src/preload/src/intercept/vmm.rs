@@ -131,7 +131,7 @@ pub unsafe fn export_shareable(shareable: *mut c_void, handle: CUmemGenericAlloc
     }
     let id = guarded(None, || handles::export_begin(handle));
     let t = timed(|| unsafe { f(shareable, handle, kind, flags) });
-    guarded((), || handles::export_end(id, t, || unsafe { super::shareable::watch(kind, shareable) }));
+    guarded((), || handles::export_end(id, t, |xid| unsafe { super::shareable::watch(kind, shareable, xid) }));
     if t.rc != CUDA_SUCCESS {
         emit(Op::Fail, Hook::cuMemExportToShareableHandle, -1, handle, 0, t, 0);
     }

@@ -1,0 +1,319 @@
+//! Exported memory whose file may still be open after its exporter ended (issue 23, item 11).
+//!
+//! VMM memory exported as a POSIX fd (`cuMemExportToShareableHandle`) lives while any copy of the
+//! fd is open, wherever the copy is (a unix socket not yet received, a forked child, a process
+//! that has not imported it yet): any process holding one may import it later. All copies are one
+//! *open file description* (SCM_RIGHTS and fork share it), which the kernel keeps until its last
+//! copy closes, and an OFD lock lives exactly as long as its description. So each export takes a
+//! read lock on one byte of the exported description, `LOCK_BASE + id`, with an `id` the group
+//! hands out per allocation (every export of one allocation locks the same byte, a byte no driver
+//! uses), and writes a [`Record`]: the file (device and inode, as `/proc/locks` names them), the
+//! id and the bytes. `/proc/locks` lists every OFD lock of the machine, whatever the process: a
+//! record whose lock is gone from it has no copy of its fd left anywhere, so nobody can import it
+//! any more, and its memory lives on only in the imports already made, which members count
+//! (`exports`: `orphans` stay while any member holds an import).
+//!
+//! When a member ends, [`Shared::reclaim`] keeps all it exported in `held` and
+//! [`Shared::settle_records`] makes its records stand for exactly that; [`Shared::sweep_exports`]
+//! (run by `reclaim_in`: at a member's start, before any denial, by the sidecar and by
+//! `vramcap limit`) moves an ended allocation whose every lock is gone to `orphans`. What cannot be
+//! decided stays charged: an export that could not be watched (another handle type, a file that
+//! takes no lock, a `/proc/locks` that did not show the lock, the records full) leaves its bytes
+//! in `unsure` or marks its allocation's records [`UNSURE`]; `vramcap limit --group NAME` shows
+//! them and `--drop-exports` gives them back ([`Shared::drop_exports`]).
+
+use super::shm::{DEVICES, SLOTS, Shared, SlotWord, State, holder_token};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::*;
+
+/// Export records a group keeps at once; an export past them is undecidable (`unsure`).
+pub const RECORDS: usize = 1024;
+/// The first lock byte: far past anything a driver's own locks use (the fake driver locks bytes 0
+/// to 2 of its memfd).
+pub const LOCK_BASE: u64 = 1 << 40;
+/// `Record::owner` bit: the exporter is still writing the record.
+const WRITING: u64 = 1 << 63;
+/// `Record::owner` bit: a sweep is giving the record's bytes back.
+const SWEEPING: u64 = 1 << 62;
+/// `Record::flags`: another export of the same allocation could not be watched.
+pub const UNSURE: u64 = 1;
+
+#[repr(C, align(64))]
+pub struct Record {
+    /// `holder_token(slot, generation)` of the exporting member (with [`WRITING`] while it writes);
+    /// 0: free.
+    pub owner: AtomicU64,
+    /// The device entry whose `held` keeps the bytes.
+    pub entry: AtomicU64,
+    /// Bytes of the member's exported charge the record stands for (0: one more export of an
+    /// allocation another record counts).
+    pub bytes: AtomicU64,
+    /// The exported file's device (`major << 32 | minor`) and inode.
+    pub dev: AtomicU64,
+    pub ino: AtomicU64,
+    /// The allocation's id: its exports lock byte `LOCK_BASE + id`.
+    pub id: AtomicU64,
+    /// [`UNSURE`].
+    pub flags: AtomicU64,
+    _pad: AtomicU64,
+}
+
+#[repr(C)]
+pub struct Kept {
+    /// The last export id handed out (ids start at 1).
+    pub next_id: AtomicU64,
+    /// Per device entry: bytes ended members exported that no record describes (an export that
+    /// could not be watched): kept until an operator drops them.
+    pub unsure: [AtomicU64; DEVICES],
+    pub records: [Record; RECORDS],
+}
+
+/// A file's identity as `/proc/locks` prints it, and a lock byte: (`major << 32 | minor`, inode,
+/// byte).
+pub type Lock = (u64, u64, u64);
+
+/// The records of one exported allocation.
+struct Allocation {
+    id: u64,
+    /// (record index, owner word as read).
+    records: Vec<(usize, u64)>,
+    /// A record is [`UNSURE`]: never swept.
+    unsure: bool,
+    /// A record is being written or swept, or its member has not ended: not decided now.
+    busy: bool,
+}
+
+/// What the group keeps of ended members' exports on one device entry (`vramcap limit`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeptBytes {
+    /// An fd of it may still be open somewhere (its lock was there at the last look).
+    pub open: u64,
+    /// Could not be watched: given back only by an operator.
+    pub unsure: u64,
+    /// No fd left, mapped by importers: given back when no member holds an import.
+    pub imported: u64,
+}
+
+impl Shared {
+    /// A new export id (never 0), one per exported allocation.
+    pub fn new_export_id(&self) -> u64 {
+        self.kept.next_id.fetch_add(1, AcqRel) + 1
+    }
+
+    /// Records an export of member `i` (`bytes` on entry `e`, the file `dev`/`ino` locked at the
+    /// id's byte); `unsure`: it could not be watched (its allocation's records are never swept).
+    /// False when every record is taken: the caller marks the allocation unsure.
+    pub fn record_export(&self, i: usize, e: usize, bytes: u64, dev: u64, ino: u64, id: u64, unsure: bool) -> bool {
+        let token = holder_token(i, SlotWord::unpack(self.slots[i].word.load(Acquire)).generation);
+        for r in &self.kept.records {
+            if r.owner.load(Relaxed) != 0 || r.owner.compare_exchange(0, token | WRITING, AcqRel, Relaxed).is_err() {
+                continue;
+            }
+            r.entry.store(e as u64, Relaxed);
+            r.bytes.store(bytes, Relaxed);
+            r.dev.store(dev, Relaxed);
+            r.ino.store(ino, Relaxed);
+            r.id.store(id, Relaxed);
+            r.flags.store(if unsure { UNSURE } else { 0 }, Relaxed);
+            r.owner.store(token, Release);
+            return true;
+        }
+        false
+    }
+
+    /// An export of allocation `id` by member `i` could not be watched (and not recorded): none of
+    /// the allocation's records may ever be swept.
+    pub fn export_unsure(&self, i: usize, id: u64) {
+        let token = holder_token(i, SlotWord::unpack(self.slots[i].word.load(Acquire)).generation);
+        for r in &self.kept.records {
+            if r.owner.load(Acquire) & !WRITING == token && r.id.load(Relaxed) == id {
+                r.flags.fetch_or(UNSURE, AcqRel);
+            }
+        }
+    }
+
+    /// Member `i` (of `generation`) ended keeping `kept[e]` exported bytes in `held` on each entry:
+    /// its records are made to stand for no more than that (in record order), what no record
+    /// describes goes to `unsure`, and records it had not finished writing are freed. A takeover
+    /// of an interrupted reclaim runs it again with nothing kept: records only ever shrink.
+    pub(super) fn settle_records(&self, i: usize, generation: u32, kept: &[u64; DEVICES]) {
+        let token = holder_token(i, generation);
+        let mut left = *kept;
+        for r in &self.kept.records {
+            let o = r.owner.load(Acquire);
+            if o == token | WRITING {
+                let _ = r.owner.compare_exchange(o, 0, AcqRel, Relaxed);
+            } else if o == token {
+                let e = (r.entry.load(Relaxed) as usize).min(DEVICES - 1);
+                let b = r.bytes.load(Relaxed);
+                let take = b.min(left[e]);
+                if take < b {
+                    r.bytes.store(take, Release);
+                }
+                left[e] -= take;
+            }
+        }
+        for (e, &b) in left.iter().enumerate() {
+            if b > 0 {
+                self.kept.unsure[e].fetch_add(b, AcqRel);
+            }
+        }
+    }
+
+    /// Whether the member a record names has ended and been reclaimed (its slot free or taken by
+    /// another generation): only then does the record stand for kept bytes.
+    fn ended(&self, owner: u64) -> bool {
+        let (slot, generation) = ((owner & 0xffff_ffff) as usize, (owner >> 32) as u32 & 0x3fff_ffff);
+        if slot == 0 || slot > SLOTS {
+            return true;
+        }
+        let sw = SlotWord::unpack(self.slots[slot - 1].word.load(Acquire));
+        sw.state == State::Free || sw.generation != generation
+    }
+
+    /// Every record in use, grouped by allocation id.
+    fn allocations(&self) -> Vec<Allocation> {
+        let mut all: Vec<(u64, usize, u64, bool)> = Vec::new();
+        for (k, r) in self.kept.records.iter().enumerate() {
+            let o = r.owner.load(Acquire);
+            if o != 0 {
+                all.push((r.id.load(Relaxed), k, o, r.flags.load(Acquire) & UNSURE != 0));
+            }
+        }
+        all.sort_unstable();
+        let mut out: Vec<Allocation> = Vec::new();
+        for (id, k, o, unsure) in all {
+            let busy = o & (WRITING | SWEEPING) != 0 || !self.ended(o);
+            match out.last_mut() {
+                Some(last) if last.id == id => {
+                    last.records.push((k, o));
+                    last.unsure |= unsure;
+                    last.busy |= busy;
+                }
+                _ => out.push(Allocation { id, records: vec![(k, o)], unsure, busy }),
+            }
+        }
+        out
+    }
+
+    /// Gives back (to `orphans`, then to the group when no member holds an import) the exported
+    /// memory of ended members whose every exported description is closed: no lock of the
+    /// allocation's in `locks()` (`/proc/locks`, read only when there is something to decide;
+    /// `None`: unreadable, nothing decided). Returns the bytes moved to `orphans`.
+    ///
+    /// An importer counts its import before its driver call and closes the fd after it, and the
+    /// kernel's lock list orders that close before our reading of it: an allocation found with no
+    /// lock left has every import already counted, so `release_orphans` keeps it while any is held.
+    pub fn sweep_exports(&self, locks: &dyn Fn() -> Option<Vec<Lock>>) -> u64 {
+        let candidates: Vec<_> = self.allocations().into_iter().filter(|a| !a.busy && !a.unsure).collect();
+        if candidates.is_empty() {
+            return 0;
+        }
+        let Some(locks) = locks() else { return 0 };
+        let mut moved = 0;
+        for a in candidates {
+            let open = a.records.iter().any(|&(k, _)| {
+                let r = &self.kept.records[k];
+                locks.contains(&(r.dev.load(Relaxed), r.ino.load(Relaxed), LOCK_BASE + a.id))
+            });
+            if !open {
+                moved += a.records.iter().map(|&(k, o)| self.give_record(k, o)).sum::<u64>();
+            }
+        }
+        if moved > 0 {
+            self.release_orphans();
+        }
+        moved
+    }
+
+    /// Frees record `k` (owned by `owner`) and moves its bytes to `orphans`; exactly one caller
+    /// does it. A sweep killed midway leaves the record taken: its bytes stay in `held` (stricter).
+    fn give_record(&self, k: usize, owner: u64) -> u64 {
+        let r = &self.kept.records[k];
+        if r.owner.compare_exchange(owner, owner | SWEEPING, AcqRel, Relaxed).is_err() {
+            return 0;
+        }
+        let b = r.bytes.swap(0, AcqRel);
+        if b > 0 {
+            self.orphans[(r.entry.load(Relaxed) as usize).min(DEVICES - 1)].fetch_add(b, SeqCst);
+        }
+        r.owner.store(0, Release);
+        b
+    }
+
+    /// What the group keeps of ended members' exports, per device entry.
+    pub fn kept_exports(&self) -> [KeptBytes; DEVICES] {
+        let mut out = [KeptBytes::default(); DEVICES];
+        for (e, o) in out.iter_mut().enumerate() {
+            o.unsure = self.kept.unsure[e].load(Acquire);
+            o.imported = self.orphans[e].load(Acquire);
+        }
+        for a in self.allocations().into_iter().filter(|a| !a.busy) {
+            for (k, _) in a.records {
+                let r = &self.kept.records[k];
+                let e = (r.entry.load(Relaxed) as usize).min(DEVICES - 1);
+                let b = r.bytes.load(Relaxed);
+                if a.unsure { out[e].unsure += b } else { out[e].open += b }
+            }
+        }
+        out
+    }
+
+    /// An operator's word that no process will import what the group keeps of ended members'
+    /// exports that it cannot decide (`unsure`) — and, with `open`, of those whose fd is still open
+    /// somewhere: their bytes go to `orphans` (given back when no member holds an import). Returns
+    /// the bytes dropped per entry.
+    pub fn drop_exports(&self, open: bool) -> [u64; DEVICES] {
+        let mut out = [0u64; DEVICES];
+        for (e, o) in out.iter_mut().enumerate() {
+            let b = self.kept.unsure[e].swap(0, AcqRel);
+            if b > 0 {
+                self.orphans[e].fetch_add(b, SeqCst);
+                *o += b;
+            }
+        }
+        // An allocation a live member still exports, or one being written or swept, is left alone.
+        for a in self.allocations().into_iter().filter(|a| !a.busy && (a.unsure || open)) {
+            for (k, owner) in a.records {
+                let e = (self.kept.records[k].entry.load(Relaxed) as usize).min(DEVICES - 1);
+                out[e] += self.give_record(k, owner);
+            }
+        }
+        self.release_orphans();
+        out
+    }
+}
+
+/// The OFD locks at or past [`LOCK_BASE`] that `/proc/locks` lists; `None` if it cannot be read.
+pub fn proc_locks() -> Option<Vec<Lock>> {
+    std::fs::read_to_string("/proc/locks").ok().map(|t| parse_locks(&t))
+}
+
+/// Lines like `4: OFDLCK ADVISORY  READ -1 00:01:1025 1099511627781 1099511627781` (device in
+/// hex); a waiter (`->`) holds nothing.
+pub fn parse_locks(text: &str) -> Vec<Lock> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 8 || f[1] != "OFDLCK" {
+            continue;
+        }
+        let file: Vec<&str> = f[5].split(':').collect();
+        let (Some(maj), Some(min), Some(ino), Ok(start)) = (
+            file.first().and_then(|x| u64::from_str_radix(x, 16).ok()),
+            file.get(1).and_then(|x| u64::from_str_radix(x, 16).ok()),
+            file.get(2).and_then(|x| x.parse::<u64>().ok()),
+            f[6].parse::<u64>(),
+        ) else {
+            continue;
+        };
+        if start >= LOCK_BASE {
+            out.push((maj << 32 | min, ino, start));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "kept_tests.rs"]
+mod tests;
