@@ -322,3 +322,33 @@ fn an_export_vramcap_cannot_watch_stays_until_an_operator_drops_it() {
     let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
     assert_eq!(out.nth("vmm", 0).rc(), 0, "{}", out.stdout);
 }
+
+/// Imports are followed per allocation, not per device: a member mapping one ended exporter's
+/// memory keeps that memory charged, not another ended exporter's that nobody imported.
+#[test]
+fn an_import_keeps_only_the_allocation_it_imported() {
+    let s = setup();
+    // The importer maps A's 100 MiB and holds it until the test says go.
+    let ops = format!(
+        "init ctx 0 fdlisten {} fdrecv import 0 vamap 0 100m fdclose 0 fdack waitfifo {}",
+        s.sock.display(),
+        s.fifo.display()
+    );
+    let mut imp = member(&s, false).args([ops]).spawn();
+    assert_eq!(imp.wait_for("fdlisten").rc(), 0);
+    let a = member(&s, false).args([format!("init ctx 0 vmmfd 100m 0 export 0 fdsend 0 {} release 0", s.sock.display())]).run();
+    assert_eq!(a.nth("fdsend", 0).rc(), 0, "{}", a.stdout);
+    // B exports 100 MiB too, and exits with nobody importing it.
+    let b = member(&s, false).args(["init ctx 0 vmmfd 100m 0 export 0 release 0"]).run();
+    assert_eq!(b.nth("export", 0).rc(), 0, "{}", b.stdout);
+    // A's 100 MiB live on in the importer; B's are gone: 100 MiB more fit in 256.
+    let out = member(&s, false).args(["init ctx 0 vmm 100m 0"]).run();
+    assert_eq!(out.nth("vmm", 0).rc(), 0, "B's memory was kept for A's importer: {}", out.stdout);
+    // A's are still the group's: 200 MiB more do not fit.
+    let out = member(&s, false).args(["init ctx 0 vmm 200m 0"]).run();
+    assert_eq!(out.nth("vmm", 0).rc(), 2, "A's memory is mapped by the importer: {}", out.stdout);
+    go(&s.fifo);
+    imp.finish();
+    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
+    assert_eq!(out.nth("vmm", 0).rc(), 0, "{}", out.stdout);
+}

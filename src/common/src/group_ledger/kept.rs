@@ -11,12 +11,18 @@
 //! id and the bytes. `/proc/locks` lists every OFD lock of the machine, whatever the process: a
 //! record whose lock is gone from it has no copy of its fd left anywhere, so nobody can import it
 //! any more, and its memory lives on only in the imports already made, which members count
-//! (`exports`: `orphans` stay while any member holds an import).
+//! per allocation: an importer finds the id in its received fd's own lock
+//! (`/proc/self/fdinfo`) and holds an [`IMPORT`] record of it while the import lasts; an import
+//! whose allocation it cannot tell is counted per member instead (`exports`: `orphans` stay while
+//! any such import is held).
 //!
 //! When a member ends, [`Shared::reclaim`] keeps all it exported in `held` and
-//! [`Shared::settle_records`] makes its records stand for exactly that; [`Shared::sweep_exports`]
-//! (run by `reclaim_in`: at a member's start, before any denial, by the sidecar and by
-//! `vramcap limit`) moves an ended allocation whose every lock is gone to `orphans`. What cannot be
+//! [`Shared::settle_records`] makes its records stand for exactly that (and frees its import
+//! records); [`Shared::sweep_exports`] (run by `reclaim_in`: at a member's start, before any
+//! denial, by the sidecar and by `vramcap limit`) marks an ended allocation whose every lock is
+//! gone [`CLOSED`], and gives it back once no import record of it is left (the last import's end
+//! does it too, [`Shared::import_of_ended`]; to `orphans` while a member holds an import of unknown
+//! origin). What cannot be
 //! decided stays charged: an export that could not be watched (another handle type, a file that
 //! takes no lock, a `/proc/locks` that did not show the lock, the records full) leaves its bytes
 //! in `unsure` or marks its allocation's records [`UNSURE`]; `vramcap limit --group NAME` shows
@@ -37,6 +43,12 @@ const WRITING: u64 = 1 << 63;
 const SWEEPING: u64 = 1 << 62;
 /// `Record::flags`: another export of the same allocation could not be watched.
 pub const UNSURE: u64 = 1;
+/// `Record::flags`: not an export but an import of allocation `id` that member `owner` holds (a
+/// reference or a mapping): the allocation's memory lives while any is held.
+pub const IMPORT: u64 = 2;
+/// `Record::flags`: no open description of the export is left (the lock was gone from
+/// `/proc/locks`; once gone it cannot come back): only imports keep it.
+pub const CLOSED: u64 = 4;
 
 #[repr(C, align(64))]
 pub struct Record {
@@ -81,6 +93,10 @@ struct Allocation {
     unsure: bool,
     /// A record is being written or swept, or its member has not ended: not decided now.
     busy: bool,
+    /// Every export record is [`CLOSED`].
+    closed: bool,
+    /// Import records of it (members hold the memory mapped or referenced).
+    imports: usize,
 }
 
 /// What the group keeps of ended members' exports on one device entry (`vramcap limit`).
@@ -90,7 +106,7 @@ pub struct KeptBytes {
     pub open: u64,
     /// Could not be watched: given back only by an operator.
     pub unsure: u64,
-    /// No fd left, mapped by importers: given back when no member holds an import.
+    /// No fd left, mapped by importers: given back when their imports end.
     pub imported: u64,
 }
 
@@ -104,6 +120,28 @@ impl Shared {
     /// id's byte); `unsure`: it could not be watched (its allocation's records are never swept).
     /// False when every record is taken: the caller marks the allocation unsure.
     pub fn record_export(&self, i: usize, e: usize, bytes: u64, dev: u64, ino: u64, id: u64, unsure: bool) -> bool {
+        self.write_record(i, e, bytes, (dev, ino), id, if unsure { UNSURE } else { 0 })
+    }
+
+    /// Member `i` holds one more import of allocation `id` (from before its driver call, so that a
+    /// sweep that finds the exported fd closed sees it). False when every record is taken: the
+    /// caller counts it as an import of unknown origin.
+    pub fn import_of(&self, i: usize, id: u64) -> bool {
+        self.write_record(i, 0, 0, (0, 0), id, IMPORT)
+    }
+
+    /// Member `i` no longer holds that import: the allocation goes back if it was the last one
+    /// and no fd of it is left. Returns the bytes given back.
+    pub fn import_of_ended(&self, i: usize, id: u64) -> u64 {
+        let token = holder_token(i, SlotWord::unpack(self.slots[i].word.load(Acquire)).generation);
+        let mine = self.kept.records.iter().find(|r| {
+            r.owner.load(Acquire) == token && r.id.load(Relaxed) == id && r.flags.load(Acquire) & IMPORT != 0
+        });
+        // SeqCst: the sweep marks CLOSED, then counts imports; we free ours, then look at CLOSED.
+        if mine.is_some_and(|r| r.owner.compare_exchange(token, 0, SeqCst, Relaxed).is_ok()) { self.give_back_closed(id) } else { 0 }
+    }
+
+    fn write_record(&self, i: usize, e: usize, bytes: u64, (dev, ino): (u64, u64), id: u64, flags: u64) -> bool {
         let token = holder_token(i, SlotWord::unpack(self.slots[i].word.load(Acquire)).generation);
         for r in &self.kept.records {
             if r.owner.load(Relaxed) != 0 || r.owner.compare_exchange(0, token | WRITING, AcqRel, Relaxed).is_err() {
@@ -114,8 +152,8 @@ impl Shared {
             r.dev.store(dev, Relaxed);
             r.ino.store(ino, Relaxed);
             r.id.store(id, Relaxed);
-            r.flags.store(if unsure { UNSURE } else { 0 }, Relaxed);
-            r.owner.store(token, Release);
+            r.flags.store(flags, Relaxed);
+            r.owner.store(token, SeqCst);
             return true;
         }
         false
@@ -126,7 +164,7 @@ impl Shared {
     pub fn export_unsure(&self, i: usize, id: u64) {
         let token = holder_token(i, SlotWord::unpack(self.slots[i].word.load(Acquire)).generation);
         for r in &self.kept.records {
-            if r.owner.load(Acquire) & !WRITING == token && r.id.load(Relaxed) == id {
+            if r.owner.load(Acquire) & !WRITING == token && r.id.load(Relaxed) == id && r.flags.load(Acquire) & IMPORT == 0 {
                 r.flags.fetch_or(UNSURE, AcqRel);
             }
         }
@@ -139,10 +177,16 @@ impl Shared {
     pub(super) fn settle_records(&self, i: usize, generation: u32, kept: &[u64; DEVICES]) {
         let token = holder_token(i, generation);
         let mut left = *kept;
+        let mut imported = Vec::new();
         for r in &self.kept.records {
             let o = r.owner.load(Acquire);
             if o == token | WRITING {
                 let _ = r.owner.compare_exchange(o, 0, AcqRel, Relaxed);
+            } else if o == token && r.flags.load(Acquire) & IMPORT != 0 {
+                // Its imports end with it (the driver unmaps a dead process's memory).
+                if r.owner.compare_exchange(o, 0, SeqCst, Relaxed).is_ok() {
+                    imported.push(r.id.load(Relaxed));
+                }
             } else if o == token {
                 let e = (r.entry.load(Relaxed) as usize).min(DEVICES - 1);
                 let b = r.bytes.load(Relaxed);
@@ -158,6 +202,9 @@ impl Shared {
                 self.kept.unsure[e].fetch_add(b, AcqRel);
             }
         }
+        for id in imported {
+            self.give_back_closed(id);
+        }
     }
 
     /// Whether the member a record names has ended and been reclaimed (its slot free or taken by
@@ -171,57 +218,83 @@ impl Shared {
         sw.state == State::Free || sw.generation != generation
     }
 
-    /// Every record in use, grouped by allocation id.
-    fn allocations(&self) -> Vec<Allocation> {
-        let mut all: Vec<(u64, usize, u64, bool)> = Vec::new();
+    /// Every record in use, grouped by allocation id (`only`: that id alone).
+    fn allocations(&self, only: Option<u64>) -> Vec<Allocation> {
+        let mut all: Vec<(u64, usize, u64, u64)> = Vec::new();
         for (k, r) in self.kept.records.iter().enumerate() {
-            let o = r.owner.load(Acquire);
-            if o != 0 {
-                all.push((r.id.load(Relaxed), k, o, r.flags.load(Acquire) & UNSURE != 0));
+            let o = r.owner.load(SeqCst);
+            let id = r.id.load(Relaxed);
+            if o != 0 && only.is_none_or(|x| x == id) {
+                all.push((id, k, o, r.flags.load(SeqCst)));
             }
         }
         all.sort_unstable();
         let mut out: Vec<Allocation> = Vec::new();
-        for (id, k, o, unsure) in all {
-            let busy = o & (WRITING | SWEEPING) != 0 || !self.ended(o);
-            match out.last_mut() {
-                Some(last) if last.id == id => {
-                    last.records.push((k, o));
-                    last.unsure |= unsure;
-                    last.busy |= busy;
-                }
-                _ => out.push(Allocation { id, records: vec![(k, o)], unsure, busy }),
+        for (id, k, o, flags) in all {
+            if out.last().is_none_or(|a| a.id != id) {
+                out.push(Allocation { id, records: Vec::new(), imports: 0, unsure: false, busy: false, closed: true });
             }
+            let a = out.last_mut().unwrap();
+            if flags & IMPORT != 0 {
+                // Being written or not, held by a live member or a dead one not yet reclaimed.
+                a.imports += 1;
+                continue;
+            }
+            a.records.push((k, o));
+            a.unsure |= flags & UNSURE != 0;
+            a.busy |= o & (WRITING | SWEEPING) != 0 || !self.ended(o);
+            a.closed &= flags & CLOSED != 0;
         }
+        out.retain(|a| !a.records.is_empty());
         out
     }
 
-    /// Gives back (to `orphans`, then to the group when no member holds an import) the exported
-    /// memory of ended members whose every exported description is closed: no lock of the
-    /// allocation's in `locks()` (`/proc/locks`, read only when there is something to decide;
-    /// `None`: unreadable, nothing decided). Returns the bytes moved to `orphans`.
-    ///
-    /// An importer counts its import before its driver call and closes the fd after it, and the
-    /// kernel's lock list orders that close before our reading of it: an allocation found with no
-    /// lock left has every import already counted, so `release_orphans` keeps it while any is held.
-    pub fn sweep_exports(&self, locks: &dyn Fn() -> Option<Vec<Lock>>) -> u64 {
-        let candidates: Vec<_> = self.allocations().into_iter().filter(|a| !a.busy && !a.unsure).collect();
-        if candidates.is_empty() {
-            return 0;
-        }
-        let Some(locks) = locks() else { return 0 };
+    /// Gives allocation `id` back (to `orphans`, then to the group if no member holds an import of
+    /// unknown origin) if its exporter ended, no fd of it is left and no member imports it.
+    fn give_back_closed(&self, id: u64) -> u64 {
         let mut moved = 0;
-        for a in candidates {
-            let open = a.records.iter().any(|&(k, _)| {
-                let r = &self.kept.records[k];
-                locks.contains(&(r.dev.load(Relaxed), r.ino.load(Relaxed), LOCK_BASE + a.id))
-            });
-            if !open {
+        for a in self.allocations(Some(id)) {
+            if !a.busy && !a.unsure && a.closed && a.imports == 0 {
                 moved += a.records.iter().map(|&(k, o)| self.give_record(k, o)).sum::<u64>();
             }
         }
         if moved > 0 {
             self.release_orphans();
+        }
+        moved
+    }
+
+    /// Gives back (to `orphans`, then to the group when no member holds an import) the exported
+    /// memory of ended members whose every exported description is closed (no lock of the
+    /// allocation's in `locks()`: `/proc/locks`, read only when there is something to decide;
+    /// `None`: unreadable, nothing decided) and that no member imports. Returns the bytes moved.
+    ///
+    /// An importer counts its import before its driver call and closes the fd after it, and the
+    /// kernel's lock list orders that close before our reading of it: an allocation found with no
+    /// lock left has every import already counted (an import record, or one of unknown origin,
+    /// which `release_orphans` waits for).
+    pub fn sweep_exports(&self, locks: &dyn Fn() -> Option<Vec<Lock>>) -> u64 {
+        let candidates: Vec<_> = self.allocations(None).into_iter().filter(|a| !a.busy && !a.unsure).collect();
+        if candidates.is_empty() {
+            return 0;
+        }
+        let locks = if candidates.iter().all(|a| a.closed) { Some(Vec::new()) } else { locks() };
+        let mut moved = 0;
+        for a in candidates {
+            if !a.closed {
+                let Some(locks) = &locks else { continue };
+                let open = a.records.iter().any(|&(k, _)| {
+                    let r = &self.kept.records[k];
+                    locks.contains(&(r.dev.load(Relaxed), r.ino.load(Relaxed), LOCK_BASE + a.id))
+                });
+                if open {
+                    continue;
+                }
+                for &(k, _) in &a.records {
+                    self.kept.records[k].flags.fetch_or(CLOSED, SeqCst);
+                }
+            }
+            moved += self.give_back_closed(a.id);
         }
         moved
     }
@@ -248,12 +321,18 @@ impl Shared {
             o.unsure = self.kept.unsure[e].load(Acquire);
             o.imported = self.orphans[e].load(Acquire);
         }
-        for a in self.allocations().into_iter().filter(|a| !a.busy) {
+        for a in self.allocations(None).into_iter().filter(|a| !a.busy) {
             for (k, _) in a.records {
                 let r = &self.kept.records[k];
                 let e = (r.entry.load(Relaxed) as usize).min(DEVICES - 1);
                 let b = r.bytes.load(Relaxed);
-                if a.unsure { out[e].unsure += b } else { out[e].open += b }
+                if a.unsure {
+                    out[e].unsure += b;
+                } else if a.closed {
+                    out[e].imported += b;
+                } else {
+                    out[e].open += b;
+                }
             }
         }
         out
@@ -261,8 +340,8 @@ impl Shared {
 
     /// An operator's word that no process will import what the group keeps of ended members'
     /// exports that it cannot decide (`unsure`) — and, with `open`, of those whose fd is still open
-    /// somewhere: their bytes go to `orphans` (given back when no member holds an import). Returns
-    /// the bytes dropped per entry.
+    /// somewhere: they are treated as closed (given back now, or when the imports members hold of
+    /// them end). Returns the bytes given back now, per entry.
     pub fn drop_exports(&self, open: bool) -> [u64; DEVICES] {
         let mut out = [0u64; DEVICES];
         for (e, o) in out.iter_mut().enumerate() {
@@ -272,12 +351,17 @@ impl Shared {
                 *o += b;
             }
         }
-        // An allocation a live member still exports, or one being written or swept, is left alone.
-        for a in self.allocations().into_iter().filter(|a| !a.busy && (a.unsure || open)) {
-            for (k, owner) in a.records {
-                let e = (self.kept.records[k].entry.load(Relaxed) as usize).min(DEVICES - 1);
-                out[e] += self.give_record(k, owner);
+        // The operator's word stands for the fd: as if every copy were closed. An allocation a
+        // live member still exports, or one being written or swept, is left alone; what importers
+        // map goes when their imports end.
+        for a in self.allocations(None).into_iter().filter(|a| !a.busy && (a.unsure || (open && !a.closed))) {
+            for &(k, _) in &a.records {
+                let r = &self.kept.records[k];
+                r.flags.fetch_or(CLOSED, SeqCst);
+                r.flags.fetch_and(!UNSURE, SeqCst);
             }
+            let e = (self.kept.records[a.records[0].0].entry.load(Relaxed) as usize).min(DEVICES - 1);
+            out[e] += self.give_back_closed(a.id);
         }
         self.release_orphans();
         out
@@ -287,6 +371,14 @@ impl Shared {
 /// The OFD locks at or past [`LOCK_BASE`] that `/proc/locks` lists; `None` if it cannot be read.
 pub fn proc_locks() -> Option<Vec<Lock>> {
     std::fs::read_to_string("/proc/locks").ok().map(|t| parse_locks(&t))
+}
+
+/// The OFD locks at or past [`LOCK_BASE`] that this process's open file description `fd` holds
+/// (`/proc/self/fdinfo`, lines `lock:\t1: OFDLCK ...`); `None` if it cannot be read.
+pub fn fd_locks(fd: i32) -> Option<Vec<Lock>> {
+    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    let lines: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("lock:")).collect();
+    Some(parse_locks(&lines.join("\n")))
 }
 
 /// Lines like `4: OFDLCK ADVISORY  READ -1 00:01:1025 1099511627781 1099511627781` (device in

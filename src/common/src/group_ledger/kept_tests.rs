@@ -131,3 +131,44 @@ fn proc_locks_lines_are_read() {
     assert_eq!(parse_locks(t), vec![(1, 1025, LOCK_BASE + 5), (0x103 << 32 | 2, 9, LOCK_BASE + 14)]);
     assert!(proc_locks().is_some());
 }
+
+/// Imports are followed per allocation: an import of one ended exporter's memory keeps that memory
+/// charged, not every ended exporter's; it goes when that import ends, or with its importer. An
+/// import whose allocation the importer could not tell keeps every closed one (`orphans`).
+#[test]
+fn an_import_keeps_only_the_allocation_it_imported() {
+    let s = Shared::in_memory("x");
+    let (a, b, c) = (s.claim(1, 1, 0).unwrap(), s.claim(2, 1, 0).unwrap(), s.claim(3, 1, 0).unwrap());
+    charge(&s, a, 100);
+    charge(&s, b, 100);
+    export(&s, a, 100, 1);
+    export(&s, b, 100, 2);
+    assert!(s.import_of(c, 1));
+    end(&s, a);
+    end(&s, b);
+    s.sweep_exports(&|| Some(vec![]));
+    assert_eq!(held(&s), 100, "b's memory, which nobody imports, came back");
+    assert_eq!(s.kept_exports()[0], KeptBytes { open: 0, unsure: 0, imported: 100 });
+    assert_eq!(s.import_of_ended(c, 1), 100, "the last import of a's memory ended");
+    assert_eq!(held(&s), 0);
+    // The importer ends holding its import: it goes with it.
+    let (d, f) = (s.claim(4, 1, 0).unwrap(), s.claim(5, 1, 0).unwrap());
+    charge(&s, d, 100);
+    export(&s, d, 100, 3);
+    assert!(s.import_of(f, 3));
+    end(&s, d);
+    s.sweep_exports(&|| Some(vec![]));
+    assert_eq!(held(&s), 100);
+    end(&s, f);
+    assert_eq!(held(&s), 0);
+    // An import of unknown origin keeps every closed allocation until it ends.
+    let (g, h) = (s.claim(6, 1, 0).unwrap(), s.claim(7, 1, 0).unwrap());
+    charge(&s, g, 100);
+    export(&s, g, 100, 4);
+    s.import_began(h);
+    end(&s, g);
+    s.sweep_exports(&|| Some(vec![]));
+    assert_eq!(held(&s), 100);
+    s.import_ended(h);
+    assert_eq!(held(&s), 0);
+}

@@ -55,7 +55,8 @@ struct Alloc {
     /// Exported as a shareable handle: alive for the life of the process.
     exported: bool,
     /// In a group, the id its exports lock (`shareable`): 0 none yet, [`UNWATCHED`] an export of
-    /// it could not be watched or recorded (the group keeps it until an operator drops it).
+    /// it could not be watched or recorded (the group keeps it until an operator drops it). For a
+    /// `foreign` allocation: the group's id of the allocation it imports (0: unknown).
     export_id: u64,
     /// Imported from another process's shareable handle: no charge here; its end is the end of
     /// one of this group member's imports.
@@ -192,7 +193,7 @@ impl Table {
 fn charge_off(api: Hook, t: Timed, gone: Vec<Ending>) {
     for e in gone {
         if e.alloc.foreign {
-            crate::group::import_ended();
+            end_import(if e.alloc.export_id != 0 { Counted::Of(e.alloc.export_id) } else { Counted::Unknown });
         }
         if let Some(c) = e.charge {
             if e.uncommitted {
@@ -457,21 +458,45 @@ fn add_ref(t: &mut Table, handle: u64) {
     }
 }
 
-/// Before `cuMemImportFromShareableHandle`: in a group the import counts as one this member
-/// holds from before the driver call on (an exporter ending meanwhile must see it), until
+/// How this member counts an import in flight: not at all (outside a group), as one import of
+/// unknown origin, or as an import of the group's exported allocation `id` (`group_ledger::kept`:
+/// it keeps that allocation alone charged).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counted {
+    No,
+    Unknown,
+    Of(u64),
+}
+
+/// Before `cuMemImportFromShareableHandle` of a handle exported from allocation `from` (as its
+/// fd's lock says, `shareable::imported_id`): in a group, this member counts the import it may
+/// hold from before the driver call on (an exporter ending meanwhile must see it), until
 /// [`import_end`] finds it was none.
-pub fn import_begin() -> bool {
-    let counted = crate::group::active();
-    if counted {
-        crate::group::import_began();
+pub fn import_begin(from: Option<u64>) -> Counted {
+    if !crate::group::active() {
+        return Counted::No;
     }
-    counted
+    if let Some(id) = from
+        && crate::group::import_of(id)
+    {
+        return Counted::Of(id);
+    }
+    crate::group::import_began();
+    Counted::Unknown
+}
+
+fn end_import(c: Counted) {
+    match c {
+        Counted::No => {}
+        Counted::Unknown => crate::group::import_ended(),
+        Counted::Of(id) => crate::group::import_of_ended(id),
+    }
 }
 
 /// After the import: a handle of ours (exported by this very process) gains a reference; any
 /// other is memory another process is charged for, followed (in a group) as one of this member's
 /// imports until its last reference and mapping go.
-pub fn import_end(counted: bool, handle: impl FnOnce() -> u64, t: Timed) {
+pub fn import_end(counted: Counted, handle: impl FnOnce() -> u64, t: Timed) {
     let mut gone = Vec::new();
     let foreign = t.rc == CUDA_SUCCESS
         && with(|tb| {
@@ -480,17 +505,18 @@ pub fn import_end(counted: bool, handle: impl FnOnce() -> u64, t: Timed) {
                 add_ref(tb, handle);
                 return false;
             }
-            if !counted {
+            if counted == Counted::No {
                 return false;
             }
             tb.next += 1;
             let id = tb.next;
-            tb.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, export_id: 0, foreign: true });
+            let from = if let Counted::Of(x) = counted { x } else { 0 };
+            tb.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, export_id: from, foreign: true });
             tb.bind(handle, id, &mut gone);
             true
         });
-    if counted && !foreign {
-        crate::group::import_ended();
+    if !foreign {
+        end_import(counted);
     }
     charge_off(Hook::cuMemImportFromShareableHandle, t, gone);
 }

@@ -7,7 +7,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU8, Ordering};
-use vramcap_common::group_ledger::kept::{LOCK_BASE, proc_locks};
+use vramcap_common::group_ledger::kept::{LOCK_BASE, fd_locks, proc_locks};
 
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: the shareable handle is an `int` fd.
 pub const POSIX_FD: c_int = 1;
@@ -39,6 +39,19 @@ pub unsafe fn watch(kind: c_int, shareable: *const c_void, id: u64) -> Option<(u
         return None;
     }
     visible((file.0, file.1, byte)).then_some(file)
+}
+
+/// The allocation a shareable handle of type `kind` about to be imported (`os`, an fd passed by
+/// value) was exported from, as its exporter's lock on the received description says; `None`: no
+/// such lock, or more than one (the import is then counted without its allocation).
+pub fn imported_id(kind: c_int, os: *const c_void) -> Option<u64> {
+    if kind != POSIX_FD {
+        return None;
+    }
+    let locks = fd_locks(os as usize as c_int)?;
+    let mut ids = locks.iter().map(|l| l.2 - LOCK_BASE);
+    let id = ids.next()?;
+    ids.all(|x| x == id).then_some(id)
 }
 
 /// Whether `/proc/locks` here shows our locks, asked with the first one (whoever decides later
@@ -83,6 +96,21 @@ mod tests {
         assert!(listed(file, id), "a copy is still open");
         unsafe { libc::close(copy) };
         assert!(!listed(file, id), "the last copy closed");
+    }
+
+    /// An importer finds the allocation in the fd it received (the same description).
+    #[test]
+    fn a_received_fd_names_its_allocation() {
+        let fd = memfd();
+        let id = 2_000_000 + std::process::id() as u64;
+        unsafe { watch(POSIX_FD, (&fd as *const c_int).cast(), id) }.unwrap();
+        let copy = unsafe { libc::dup(fd) };
+        assert_eq!(imported_id(POSIX_FD, copy as usize as *const c_void), Some(id));
+        let other = memfd();
+        assert_eq!(imported_id(POSIX_FD, other as usize as *const c_void), None);
+        unsafe { libc::close(fd) };
+        unsafe { libc::close(copy) };
+        unsafe { libc::close(other) };
     }
 
     #[test]
