@@ -252,10 +252,10 @@ impl Shared {
     /// Gives allocation `id` back (to `orphans`, then to the group if no member holds an import of
     /// unknown origin) if its exporter ended, no fd of it is left and no member imports it.
     fn give_back_closed(&self, id: u64) -> u64 {
-        let mut moved = 0;
+        let mut moved = 0u64;
         for a in self.allocations(Some(id)) {
             if !a.busy && !a.unsure && a.closed && a.imports == 0 {
-                moved += a.records.iter().map(|&(k, o)| self.give_record(k, o)).sum::<u64>();
+                moved = a.records.iter().fold(moved, |m, &(k, o)| m.saturating_add(self.give_record(k, o)));
             }
         }
         if moved > 0 {
@@ -279,13 +279,14 @@ impl Shared {
             return 0;
         }
         let locks = if candidates.iter().all(|a| a.closed) { Some(Vec::new()) } else { locks() };
-        let mut moved = 0;
+        let mut moved = 0u64;
         for a in candidates {
             if !a.closed {
                 let Some(locks) = &locks else { continue };
+                // An id no lock byte can have (a damaged ledger) counts as open: kept.
                 let open = a.records.iter().any(|&(k, _)| {
                     let r = &self.kept.records[k];
-                    locks.contains(&(r.dev.load(Relaxed), r.ino.load(Relaxed), LOCK_BASE + a.id))
+                    LOCK_BASE.checked_add(a.id).is_none_or(|b| locks.contains(&(r.dev.load(Relaxed), r.ino.load(Relaxed), b)))
                 });
                 if open {
                     continue;
@@ -294,7 +295,7 @@ impl Shared {
                     self.kept.records[k].flags.fetch_or(CLOSED, SeqCst);
                 }
             }
-            moved += self.give_back_closed(a.id);
+            moved = moved.saturating_add(self.give_back_closed(a.id));
         }
         moved
     }
@@ -327,11 +328,11 @@ impl Shared {
                 let e = (r.entry.load(Relaxed) as usize).min(DEVICES - 1);
                 let b = r.bytes.load(Relaxed);
                 if a.unsure {
-                    out[e].unsure += b;
+                    out[e].unsure = out[e].unsure.saturating_add(b);
                 } else if a.closed {
-                    out[e].imported += b;
+                    out[e].imported = out[e].imported.saturating_add(b);
                 } else {
-                    out[e].open += b;
+                    out[e].open = out[e].open.saturating_add(b);
                 }
             }
         }
@@ -361,7 +362,7 @@ impl Shared {
                 r.flags.fetch_and(!UNSURE, SeqCst);
             }
             let e = (self.kept.records[a.records[0].0].entry.load(Relaxed) as usize).min(DEVICES - 1);
-            out[e] += self.give_back_closed(a.id);
+            out[e] = out[e].saturating_add(self.give_back_closed(a.id));
         }
         self.release_orphans();
         out
