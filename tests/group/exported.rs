@@ -61,6 +61,12 @@ fn export(s: &Setup, bare: bool) {
     }
 }
 
+/// A new member of the group asks for `size` of VMM memory: the call's rc and its output.
+fn ask(s: &Setup, size: &str) -> (i64, String) {
+    let out = member(s, false).args([format!("init ctx 0 vmm {size} 0")]).run();
+    (out.nth("vmm", 0).rc(), out.stdout)
+}
+
 fn go(fifo: &Path) {
     drop(std::fs::OpenOptions::new().write(true).open(fifo).unwrap());
 }
@@ -143,8 +149,8 @@ fn an_export_closed_in_its_own_process_leaves_no_charge_behind() {
     let out = member(&s, false).args(["init ctx 0 vmmfd 200m 0 export 0 release 0 fdclose 0"]).run();
     out.ok();
     // The next member gets the whole budget: nothing of the export stayed the group's.
-    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
-    assert_eq!(out.nth("vmm", 0).rc(), 0, "{}", out.stdout);
+    let (rc, out) = ask(&s, "250m");
+    assert_eq!(rc, 0, "{}", out);
 }
 
 /// vramcap never closes the application's fd: an `atexit` handler the application registered
@@ -233,8 +239,8 @@ fn a_killed_exporter_keeps_its_exports_charged() {
     imp.finish();
     let peak = dev.peak().load(std::sync::atomic::Ordering::SeqCst);
     assert!(peak <= BUDGET, "the device held {peak} bytes under a group budget of {BUDGET}");
-    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
-    assert_eq!(out.nth("vmm", 0).rc(), 0, "no fd and no import of it is left: the group gave it back: {}", out.stdout);
+    let (rc, out) = ask(&s, "250m");
+    assert_eq!(rc, 0, "no fd and no import of it is left: the group gave it back: {}", out);
 }
 
 /// A process outside CUDA that receives the fd and holds it without importing it, closes it when
@@ -264,8 +270,8 @@ fn a_killed_exporters_memory_comes_back_when_its_last_fd_closes() {
     third_member_is_refused(&s);
     go(&s.fifo);
     assert_eq!(rx.wait_for("fdclose").rc(), 0);
-    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
-    assert_eq!(out.nth("vmm", 0).rc(), 0, "its last fd closed: the group gave it back: {}", out.stdout);
+    let (rc, out) = ask(&s, "250m");
+    assert_eq!(rc, 0, "its last fd closed: the group gave it back: {}", out);
     go(&hold);
     rx.finish();
 }
@@ -277,8 +283,8 @@ fn an_fd_left_open_at_exit_goes_with_its_process() {
     let s = setup();
     let out = member(&s, false).args(["init ctx 0 vmmfd 200m 0 export 0 release 0"]).run();
     out.ok();
-    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
-    assert_eq!(out.nth("vmm", 0).rc(), 0, "nothing of it is left: {}", out.stdout);
+    let (rc, out) = ask(&s, "250m");
+    assert_eq!(rc, 0, "nothing of it is left: {}", out);
 }
 
 /// An export vramcap cannot watch (here: its `/proc/locks` hidden by a bind mount, so its lock
@@ -315,12 +321,12 @@ fn an_export_vramcap_cannot_watch_stays_until_an_operator_drops_it() {
     };
     let shown = limit(&[]);
     assert!(shown.contains("200.0 MiB undecidable"), "{shown}");
-    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
-    assert_eq!(out.nth("vmm", 0).rc(), 2, "kept, although its fd is gone: {}", out.stdout);
+    let (rc, out) = ask(&s, "250m");
+    assert_eq!(rc, 2, "kept, although its fd is gone: {}", out);
     let dropped = limit(&["--drop-exports"]);
     assert!(dropped.contains("gave back 200.0 MiB"), "{dropped}");
-    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
-    assert_eq!(out.nth("vmm", 0).rc(), 0, "{}", out.stdout);
+    let (rc, out) = ask(&s, "250m");
+    assert_eq!(rc, 0, "{}", out);
 }
 
 /// Imports are followed per allocation, not per device: a member mapping one ended exporter's
@@ -342,13 +348,13 @@ fn an_import_keeps_only_the_allocation_it_imported() {
     let b = member(&s, false).args(["init ctx 0 vmmfd 100m 0 export 0 release 0"]).run();
     assert_eq!(b.nth("export", 0).rc(), 0, "{}", b.stdout);
     // A's 100 MiB live on in the importer; B's are gone: 100 MiB more fit in 256.
-    let out = member(&s, false).args(["init ctx 0 vmm 100m 0"]).run();
-    assert_eq!(out.nth("vmm", 0).rc(), 0, "B's memory was kept for A's importer: {}", out.stdout);
+    let (rc, out) = ask(&s, "100m");
+    assert_eq!(rc, 0, "B's memory was kept for A's importer: {}", out);
     // A's are still the group's: 200 MiB more do not fit.
-    let out = member(&s, false).args(["init ctx 0 vmm 200m 0"]).run();
-    assert_eq!(out.nth("vmm", 0).rc(), 2, "A's memory is mapped by the importer: {}", out.stdout);
+    let (rc, out) = ask(&s, "200m");
+    assert_eq!(rc, 2, "A's memory is mapped by the importer: {}", out);
     go(&s.fifo);
     imp.finish();
-    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
-    assert_eq!(out.nth("vmm", 0).rc(), 0, "{}", out.stdout);
+    let (rc, out) = ask(&s, "250m");
+    assert_eq!(rc, 0, "{}", out);
 }

@@ -19,6 +19,13 @@ fn end(s: &Shared, i: usize) {
     assert!(s.reclaim(i, s.slots[i].word.load(SeqCst), 9).is_some());
 }
 
+/// Member `i` ends, and the group looks at the locks: none is held (every fd closed).
+fn end_and_sweep(s: &Shared, i: usize) -> Option<u64> {
+    let r = s.reclaim(i, s.slots[i].word.load(SeqCst), 9);
+    s.sweep_exports(&|| Some(Vec::<Lock>::new()));
+    r
+}
+
 fn lock(id: u64) -> Lock {
     (1, 7, LOCK_BASE + id)
 }
@@ -40,21 +47,6 @@ fn an_ended_exporters_memory_comes_back_when_no_fd_of_it_is_left() {
     // Another allocation's lock, or the same byte of another file, is not this one's.
     assert_eq!(s.sweep_exports(&|| Some(vec![lock(6), (2, 7, LOCK_BASE + 5)])), 200);
     assert_eq!((held(&s), s.kept_exports()[0]), (0, KeptBytes::default()));
-}
-
-/// With an import held, the bytes whose fd is gone stay until that import ends.
-#[test]
-fn an_import_keeps_what_no_fd_keeps_any_more() {
-    let s = Shared::in_memory("x");
-    let (a, b) = (s.claim(1, 1, 0).unwrap(), s.claim(2, 1, 0).unwrap());
-    charge(&s, a, 200);
-    export(&s, a, 200, 1);
-    s.import_began(b);
-    end(&s, a);
-    s.sweep_exports(&|| Some(vec![]));
-    assert_eq!((held(&s), s.kept_exports()[0].imported), (200, 200));
-    s.import_ended(b);
-    assert_eq!(held(&s), 0);
 }
 
 /// Several exports of one allocation (one id): kept while any of their locks is listed, even one
@@ -80,8 +72,7 @@ fn an_allocation_goes_only_when_every_export_of_it_is_closed() {
     charge(&s, d, 70);
     s.exported(c, 0, 80);
     assert!(s.record_export(c, 0, 80, 1, 7, 4, false));
-    end(&s, c);
-    s.sweep_exports(&|| Some(vec![]));
+    end_and_sweep(&s, c);
     assert_eq!(held(&s), 70, "the other member's charge is untouched");
 }
 
@@ -145,8 +136,7 @@ fn an_import_keeps_only_the_allocation_it_imported() {
     export(&s, b, 100, 2);
     assert!(s.import_of(c, 1));
     end(&s, a);
-    end(&s, b);
-    s.sweep_exports(&|| Some(vec![]));
+    end_and_sweep(&s, b);
     assert_eq!(held(&s), 100, "b's memory, which nobody imports, came back");
     assert_eq!(s.kept_exports()[0], KeptBytes { open: 0, unsure: 0, imported: 100 });
     assert_eq!(s.import_of_ended(c, 1), 100, "the last import of a's memory ended");
@@ -156,8 +146,7 @@ fn an_import_keeps_only_the_allocation_it_imported() {
     charge(&s, d, 100);
     export(&s, d, 100, 3);
     assert!(s.import_of(f, 3));
-    end(&s, d);
-    s.sweep_exports(&|| Some(vec![]));
+    end_and_sweep(&s, d);
     assert_eq!(held(&s), 100);
     end(&s, f);
     assert_eq!(held(&s), 0);
@@ -166,9 +155,40 @@ fn an_import_keeps_only_the_allocation_it_imported() {
     charge(&s, g, 100);
     export(&s, g, 100, 4);
     s.import_began(h);
-    end(&s, g);
-    s.sweep_exports(&|| Some(vec![]));
+    end_and_sweep(&s, g);
     assert_eq!(held(&s), 100);
     s.import_ended(h);
     assert_eq!(held(&s), 0);
+}
+
+/// An exporter whose fd is closed everywhere ends while another member maps its memory: the
+/// bytes stay the group's until the last import ends, wherever it ends (released, or its
+/// member reclaimed).
+#[test]
+fn exported_memory_outlives_its_exporter_while_imports_hold_it() {
+    let s = Shared::in_memory("x");
+    // Exporter a (200 exported, 50 not), importer b.
+    let (a, b) = (s.claim(1, 1, 0).unwrap(), s.claim(2, 1, 0).unwrap());
+    charge(&s, a, 250);
+    export(&s, a, 200, 1);
+    s.import_began(b);
+    assert_eq!(end_and_sweep(&s, a), Some(50));
+    assert_eq!((held(&s), s.orphans[0].load(SeqCst)), (200, 200), "the exported bytes stay");
+    s.import_ended(b);
+    assert_eq!((held(&s), s.orphans[0].load(SeqCst)), (0, 0), "the last import gave them back");
+    // No importer: the export goes with its exporter.
+    let a = s.claim(3, 1, 0).unwrap();
+    charge(&s, a, 100);
+    export(&s, a, 100, 2);
+    assert_eq!(end_and_sweep(&s, a), Some(0));
+    assert_eq!(held(&s), 0);
+    // The importer dies: reclaiming it gives the exported bytes back.
+    let (a, c) = (s.claim(4, 1, 0).unwrap(), s.claim(5, 1, 0).unwrap());
+    charge(&s, a, 100);
+    export(&s, a, 100, 3);
+    s.import_began(c);
+    end_and_sweep(&s, a);
+    assert_eq!(held(&s), 100);
+    end_and_sweep(&s, c);
+    assert_eq!((held(&s), s.orphans[0].load(SeqCst), s.imports_held()), (0, 0, 0));
 }
