@@ -287,19 +287,14 @@ fn an_fd_left_open_at_exit_goes_with_its_process() {
     assert_eq!(rc, 0, "nothing of it is left: {}", out);
 }
 
-/// An export vramcap cannot watch (here: its `/proc/locks` hidden by a bind mount, so its lock
-/// cannot be seen) stays the group's after its exporter ends, whatever happens to its fd: `vramcap
-/// limit` shows it as undecidable and `--drop-exports` gives it back.
-#[test]
-fn an_export_vramcap_cannot_watch_stays_until_an_operator_drops_it() {
-    if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/usr/bin/unshare").exists() {
+/// Runs `script` (sh) in a mount namespace of its own, with the group's variables, as `unshare
+/// -m` (root); `None` (and a SKIPPED line) where that is not possible.
+fn in_mount_namespace(s: &Setup, script: String) -> Option<Output> {
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/usr/bin/unshare").exists() {
         eprintln!("SKIPPED: needs root and unshare -m");
-        return;
+        return None;
     }
-    let s = setup();
-    let client = ctests_dir().join("client_linked");
-    let sh = s.dir.join("hidden.sh");
-    let script = format!("mount --bind /dev/null /proc/locks && exec {} init ctx 0 vmmfd 200m 0 export 0 release 0\n", client.display());
+    let sh = s.dir.join("ns.sh");
     std::fs::write(&sh, script).unwrap();
     let out = Run::program(Path::new("unshare"))
         .env("VRAMCAP_GROUP", "xg")
@@ -308,6 +303,42 @@ fn an_export_vramcap_cannot_watch_stays_until_an_operator_drops_it() {
         .env("FAKECUDA_SHARED_DEVICE", &s.devfile)
         .args(["-m sh", sh.to_str().unwrap()])
         .run();
+    Some(out)
+}
+
+/// A sweep whose `/proc/locks` hides the locks (masked, as a container may have it) decides
+/// nothing: a killed exporter's memory whose fd another process holds stays the group's.
+#[test]
+fn a_sweep_that_cannot_see_the_locks_gives_nothing_back() {
+    let s = setup();
+    let hold = s.dir.join("hold");
+    let mut rx = receiver(&s, &hold);
+    let stop = s.dir.join("stop");
+    assert!(std::process::Command::new("mkfifo").arg(&stop).status().unwrap().success());
+    let ops = format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0 waitfifo {}", s.sock.display(), stop.display());
+    let mut exp = member(&s, false).args([ops]).spawn();
+    assert_eq!(exp.wait_for("release").rc(), 0);
+    exp.sigkill();
+    let limit = format!("{} limit --group xg --group-dir {}", vramcap_bin(), s.dir.display());
+    if let Some(out) = in_mount_namespace(&s, format!("mount --bind /dev/null /proc/locks && exec {limit}\n")) {
+        out.ok();
+        assert_eq!(ask(&s, "100m").0, 2, "the fd still keeps the memory: {}", out.stdout);
+    }
+    go(&s.fifo);
+    assert_eq!(rx.wait_for("fdclose").rc(), 0);
+    go(&hold);
+    rx.finish();
+}
+
+/// An export vramcap cannot watch (here: its `/proc/locks` hidden by a bind mount, so its lock
+/// cannot be seen) stays the group's after its exporter ends, whatever happens to its fd: `vramcap
+/// limit` shows it as undecidable and `--drop-exports` gives it back.
+#[test]
+fn an_export_vramcap_cannot_watch_stays_until_an_operator_drops_it() {
+    let s = setup();
+    let client = ctests_dir().join("client_linked");
+    let script = format!("mount --bind /dev/null /proc/locks && exec {} init ctx 0 vmmfd 200m 0 export 0 release 0\n", client.display());
+    let Some(out) = in_mount_namespace(&s, script) else { return };
     out.ok();
     assert_eq!(out.nth("export", 0).rc(), 0, "{}", out.stdout);
     let limit = |extra: &[&str]| {

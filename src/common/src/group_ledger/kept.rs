@@ -8,7 +8,8 @@
 //! read lock on one byte of the exported description, `LOCK_BASE + id`, with an `id` the group
 //! hands out per allocation (every export of one allocation locks the same byte, a byte no driver
 //! uses), and writes a [`Record`]: the file (device and inode, as `/proc/locks` names them), the
-//! id and the bytes. `/proc/locks` lists every OFD lock of the machine, whatever the process: a
+//! id and the bytes. `/proc/locks` lists every OFD lock of the machine, whatever the process (a
+//! reader trusts its view only when it lists the reader's own probe lock, [`proc_locks`]): a
 //! record whose lock is gone from it has no copy of its fd left anywhere, so nobody can import it
 //! any more, and its memory lives on only in the imports already made, which members count
 //! per allocation: an importer finds the id in its received fd's own lock
@@ -369,9 +370,44 @@ impl Shared {
     }
 }
 
-/// The OFD locks at or past [`LOCK_BASE`] that `/proc/locks` lists; `None` if it cannot be read.
+/// A lock byte past every id: this process's own probe (ids count exports, far below 2^40).
+const PROBE_BYTE: u64 = LOCK_BASE << 1;
+
+/// The OFD locks at or past [`LOCK_BASE`] that `/proc/locks` lists; `None` if it cannot be read,
+/// or if it does not list this process's own probe lock: a view that hides locks (a `/proc/locks`
+/// masked in a container, a sandbox's /proc) would make every export look closed.
 pub fn proc_locks() -> Option<Vec<Lock>> {
-    std::fs::read_to_string("/proc/locks").ok().map(|t| parse_locks(&t))
+    let probe = probe()?;
+    let locks = parse_locks(&std::fs::read_to_string("/proc/locks").ok()?);
+    locks.contains(&probe).then_some(locks)
+}
+
+/// This process's probe: an OFD lock on [`PROBE_BYTE`] of a memfd of its own, kept for the life
+/// of the process (a forked child shares it), named as the kernel names it (`fd_locks`).
+fn probe() -> Option<Lock> {
+    static PROBE: std::sync::OnceLock<Option<Lock>> = std::sync::OnceLock::new();
+    *PROBE.get_or_init(|| {
+        let fd = unsafe { libc::memfd_create(c"vramcap-locks-probe".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        let found = lock_byte(fd, PROBE_BYTE).then(|| fd_locks(fd)).flatten().and_then(|l| l.into_iter().find(|x| x.2 == PROBE_BYTE));
+        if found.is_none() {
+            unsafe { libc::close(fd) };
+        }
+        found
+    })
+}
+
+/// Takes an OFD read lock on `byte` of open file description `fd`.
+pub fn lock_byte(fd: i32, byte: u64) -> bool {
+    let Ok(start) = i64::try_from(byte) else { return false };
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = libc::F_RDLCK as i16;
+    l.l_whence = libc::SEEK_SET as i16;
+    l.l_start = start;
+    l.l_len = 1;
+    unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &l) == 0 }
 }
 
 /// The OFD locks at or past [`LOCK_BASE`] that this process's open file description `fd` holds

@@ -7,15 +7,16 @@
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU8, Ordering};
-use vramcap_common::group_ledger::kept::{LOCK_BASE, fd_locks, proc_locks};
+use vramcap_common::group_ledger::kept::{LOCK_BASE, fd_locks, lock_byte, proc_locks};
 
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: the shareable handle is an `int` fd.
 pub const POSIX_FD: c_int = 1;
 
 /// Locks the id's byte of the exported description a successful export of handle type `kind`
-/// wrote to `*shareable`, and returns that file as `/proc/locks` names it (`major << 32 | minor`,
-/// inode). `None`: it cannot be watched (another handle type, a file that takes no lock, a
-/// `/proc/locks` that does not show the lock), and its memory must be kept.
+/// wrote to `*shareable`, and returns that file as the kernel names it in `/proc/locks`
+/// (`major << 32 | minor`, inode: read back from this description's own locks, so that no other
+/// naming, a file system's `stat`, can differ). `None`: it cannot be watched (another handle type,
+/// a file that takes no lock, locks this process cannot see), and its memory must be kept.
 ///
 /// # Safety
 /// `shareable` is the out-parameter of a successful `cuMemExportToShareableHandle`.
@@ -24,21 +25,12 @@ pub unsafe fn watch(kind: c_int, shareable: *const c_void, id: u64) -> Option<(u
         return None;
     }
     let fd = unsafe { *(shareable as *const c_int) };
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if fd < 0 || unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return None;
-    }
-    let file = ((libc::major(st.st_dev) as u64) << 32 | libc::minor(st.st_dev) as u64, st.st_ino);
     let byte = LOCK_BASE.checked_add(id)?;
-    let mut l: libc::flock = unsafe { std::mem::zeroed() };
-    l.l_type = libc::F_RDLCK as i16;
-    l.l_whence = libc::SEEK_SET as i16;
-    l.l_start = i64::try_from(byte).ok()?;
-    l.l_len = 1;
-    if unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &l) } != 0 {
+    if fd < 0 || !lock_byte(fd, byte) {
         return None;
     }
-    visible((file.0, file.1, byte)).then_some(file)
+    let lock = fd_locks(fd)?.into_iter().find(|l| l.2 == byte)?;
+    visible(lock).then_some((lock.0, lock.1))
 }
 
 /// The allocation a shareable handle of type `kind` about to be imported (`os`, an fd passed by
