@@ -180,6 +180,9 @@ pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>,
         s.reclaim(slot, s.slots[slot].word.load(Acquire), std::process::id());
         return Err(why);
     }
+    // Exported memory of ended members that no fd keeps any more goes back as a member joins
+    // (`/proc/locks` is read only when such memory waits for a look).
+    s.sweep_exports(&vramcap_common::group_ledger::kept::proc_locks);
     for (d, &e) in entries.iter().enumerate() {
         ENTRY[d].store(e as u16, Release);
     }
