@@ -383,20 +383,32 @@ pub fn proc_locks() -> Option<Vec<Lock>> {
 }
 
 /// This process's probe: an OFD lock on [`PROBE_BYTE`] of a memfd of its own, kept for the life
-/// of the process (a forked child shares it), named as the kernel names it (`fd_locks`).
+/// of the process (a forked child shares it), named as the kernel names it (`fd_locks`). Published
+/// with atomics, not a lock: a fork while another thread makes it must not leave the child waiting.
+/// Threads racing to make it each keep their own (an fd apiece, once).
 fn probe() -> Option<Lock> {
-    static PROBE: std::sync::OnceLock<Option<Lock>> = std::sync::OnceLock::new();
-    *PROBE.get_or_init(|| {
-        let fd = unsafe { libc::memfd_create(c"vramcap-locks-probe".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return None;
-        }
-        let found = lock_byte(fd, PROBE_BYTE).then(|| fd_locks(fd)).flatten().and_then(|l| l.into_iter().find(|x| x.2 == PROBE_BYTE));
-        if found.is_none() {
-            unsafe { libc::close(fd) };
-        }
-        found
-    })
+    // 0: none yet, 1: being published, 2: `WORDS` hold it.
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    static WORDS: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+    if STATE.load(Acquire) == 2 {
+        return Some((WORDS[0].load(Relaxed), WORDS[1].load(Relaxed), WORDS[2].load(Relaxed)));
+    }
+    let fd = unsafe { libc::memfd_create(c"vramcap-locks-probe".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let found = lock_byte(fd, PROBE_BYTE).then(|| fd_locks(fd)).flatten().and_then(|l| l.into_iter().find(|x| x.2 == PROBE_BYTE));
+    let Some(lock) = found else {
+        unsafe { libc::close(fd) };
+        return None;
+    };
+    if STATE.compare_exchange(0, 1, AcqRel, Acquire).is_ok() {
+        WORDS[0].store(lock.0, Relaxed);
+        WORDS[1].store(lock.1, Relaxed);
+        WORDS[2].store(lock.2, Relaxed);
+        STATE.store(2, Release);
+    }
+    Some(lock)
 }
 
 /// Takes an OFD read lock on `byte` of open file description `fd`.
