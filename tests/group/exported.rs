@@ -26,13 +26,17 @@ fn setup() -> Setup {
     Setup { devfile: dir.join("device"), sock: dir.join("sock"), fifo, dir }
 }
 
-/// A member of group `xg` (256 MiB), or the same process on the bare fake (`bare`).
-fn member(s: &Setup, bare: bool) -> Run {
-    let r = Run::client("client_linked")
-        .env("VRAMCAP_GROUP", "xg")
+/// `r` in group `xg` (256 MiB), on the fake device the test's processes share.
+fn in_group(s: &Setup, r: Run) -> Run {
+    r.env("VRAMCAP_GROUP", "xg")
         .env("VRAMCAP_GROUP_DIR", &s.dir)
         .env("VRAMCAP_GROUP_LIMIT", "256m")
-        .env("FAKECUDA_SHARED_DEVICE", &s.devfile);
+        .env("FAKECUDA_SHARED_DEVICE", &s.devfile)
+}
+
+/// A member of group `xg`, or the same process on the bare fake (`bare`).
+fn member(s: &Setup, bare: bool) -> Run {
+    let r = in_group(s, Run::client("client_linked"));
     if bare { r.bare() } else { r }
 }
 
@@ -253,6 +257,19 @@ fn receiver(s: &Setup, hold: &Path) -> Running {
     r
 }
 
+/// Starts a [`receiver`], and an exporter of 200 MiB that sends it the fd, releases its handle and
+/// is killed: the only fd of the export is then the receiver's, not imported.
+fn killed_exporter_sent_to_receiver(s: &Setup, hold: &Path) -> Running {
+    let rx = receiver(s, hold);
+    let stop = s.dir.join("stop");
+    assert!(std::process::Command::new("mkfifo").arg(&stop).status().unwrap().success());
+    let ops = format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0 waitfifo {}", s.sock.display(), stop.display());
+    let mut exp = member(s, false).args([ops]).spawn();
+    assert_eq!(exp.wait_for("release").rc(), 0);
+    exp.sigkill();
+    rx
+}
+
 /// An exporter killed while the only fd of its export sits unimported in another process: the
 /// group keeps the memory while that fd is open, and gives it back when it closes, with no
 /// operator and while that process still runs.
@@ -260,13 +277,7 @@ fn receiver(s: &Setup, hold: &Path) -> Running {
 fn a_killed_exporters_memory_comes_back_when_its_last_fd_closes() {
     let s = setup();
     let hold = s.dir.join("hold");
-    let mut rx = receiver(&s, &hold);
-    let stop = s.dir.join("stop");
-    assert!(std::process::Command::new("mkfifo").arg(&stop).status().unwrap().success());
-    let ops = format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0 waitfifo {}", s.sock.display(), stop.display());
-    let mut exp = member(&s, false).args([ops]).spawn();
-    assert_eq!(exp.wait_for("release").rc(), 0);
-    exp.sigkill();
+    let mut rx = killed_exporter_sent_to_receiver(&s, &hold);
     third_member_is_refused(&s);
     go(&s.fifo);
     assert_eq!(rx.wait_for("fdclose").rc(), 0);
@@ -296,14 +307,7 @@ fn in_mount_namespace(s: &Setup, script: String) -> Option<Output> {
     }
     let sh = s.dir.join("ns.sh");
     std::fs::write(&sh, script).unwrap();
-    let out = Run::program(Path::new("unshare"))
-        .env("VRAMCAP_GROUP", "xg")
-        .env("VRAMCAP_GROUP_DIR", &s.dir)
-        .env("VRAMCAP_GROUP_LIMIT", "256m")
-        .env("FAKECUDA_SHARED_DEVICE", &s.devfile)
-        .args(["-m sh", sh.to_str().unwrap()])
-        .run();
-    Some(out)
+    Some(in_group(s, Run::program(Path::new("unshare"))).args(["-m sh", sh.to_str().unwrap()]).run())
 }
 
 /// A sweep whose `/proc/locks` hides the locks (masked, as a container may have it) decides
@@ -312,13 +316,7 @@ fn in_mount_namespace(s: &Setup, script: String) -> Option<Output> {
 fn a_sweep_that_cannot_see_the_locks_gives_nothing_back() {
     let s = setup();
     let hold = s.dir.join("hold");
-    let mut rx = receiver(&s, &hold);
-    let stop = s.dir.join("stop");
-    assert!(std::process::Command::new("mkfifo").arg(&stop).status().unwrap().success());
-    let ops = format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0 waitfifo {}", s.sock.display(), stop.display());
-    let mut exp = member(&s, false).args([ops]).spawn();
-    assert_eq!(exp.wait_for("release").rc(), 0);
-    exp.sigkill();
+    let mut rx = killed_exporter_sent_to_receiver(&s, &hold);
     let limit = format!("{} limit --group xg --group-dir {}", vramcap_bin(), s.dir.display());
     if let Some(out) = in_mount_namespace(&s, format!("mount --bind /dev/null /proc/locks && exec {limit}\n")) {
         out.ok();
