@@ -53,11 +53,16 @@ pub(super) fn release_contexts(api: Hook, ctxs: &[u64]) {
     if ctxs.iter().all(|&c| c == 0) {
         return;
     }
-    for (_, key, c) in ledger::drain(&CONTEXT_OWNED, |c| c.ctx != 0 && ctxs.contains(&c.ctx)) {
+    // Under the managed table's lock: no prefetch has shares of these contexts out meanwhile.
+    let drained = super::managed::locked(|t| {
+        let d = ledger::drain(&CONTEXT_OWNED, |c| c.ctx != 0 && ctxs.contains(&c.ctx));
+        super::managed::contexts_ended(t, ctxs);
+        d
+    });
+    for (_, key, c) in drained {
         ledger::release(c.dev as usize, c.size);
         emit(Op::Free, api, c.dev as i32, key, c.size, Timed::instant(CUDA_SUCCESS), ledger::used(c.dev as usize));
     }
-    super::managed::contexts_ended(ctxs);
 }
 
 /// After the driver ended these contexts.
@@ -82,10 +87,14 @@ pub(super) fn rekey(from: u64, to: u64) {
     if from == 0 || to == 0 {
         return;
     }
-    for (kind, key, c) in ledger::drain(&CONTEXT_OWNED, |c| c.ctx == from) {
-        ledger::insert(kind, key, ledger::Charge { ctx: to, ..c });
-    }
-    super::managed::rekey(from, to);
+    // Under the managed table's lock: a prefetch in flight could otherwise put a share back under
+    // `from` after this pass (a handle the driver may give out again).
+    super::managed::locked(|t| {
+        for (kind, key, c) in ledger::drain(&CONTEXT_OWNED, |c| c.ctx == from) {
+            ledger::insert(kind, key, ledger::Charge { ctx: to, ..c });
+        }
+        super::managed::rekey(t, from, to);
+    });
 }
 
 /// Charges of a context that the coming driver call will end, taken out before the call: the
@@ -96,7 +105,7 @@ fn ending(ctxs: &[u64]) -> Vec<(Kind, u64, ledger::Charge)> {
     if ctxs.iter().all(|&c| c == 0) {
         return Vec::new();
     }
-    let taken = ledger::drain(&CONTEXT_OWNED, |c| c.ctx != 0 && ctxs.contains(&c.ctx));
+    let taken = super::managed::locked(|_| ledger::drain(&CONTEXT_OWNED, |c| c.ctx != 0 && ctxs.contains(&c.ctx)));
     for (_, _, c) in &taken {
         ledger::uncommit(c.dev as usize, c.size);
     }

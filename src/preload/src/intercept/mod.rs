@@ -24,6 +24,7 @@ pub mod pool;
 pub mod pool_table;
 pub mod pressure;
 pub mod procaddr;
+pub mod shareable;
 pub mod vmm;
 
 use crate::config;
