@@ -229,8 +229,12 @@ fn finish_measured(api: Hook, probe: &overhead::Probe, reserved: u64, ctx: u64, 
         return true;
     }
     guarded(true, || {
-        let bytes = match overhead::measured(probe, reserved) {
-            Some(b) => b.clamp(0, u64::MAX as i128) as u64,
+        let bytes = match overhead::measured_spanning(probe, reserved) {
+            // A prefetch completed while the context was made moved the books by an amount the
+            // measurement cannot tell from the context's own (attack24): the size last measured
+            // (reserved) when there is one, else the larger bound.
+            Some((_, unsure)) if unsure > 0 && reserved > 0 => reserved,
+            Some((b, unsure)) => (b + unsure as i128).clamp(0, u64::MAX as i128) as u64,
             None => {
                 unmeasured(d);
                 reserved

@@ -19,6 +19,7 @@
 //! `CUDA_ERROR_OUT_OF_MEMORY`; so is a module (unloaded) and a limit (put back).
 
 use super::books::{self, Reading, Source};
+use super::moves;
 use super::charge::{Timed, emit};
 use crate::events::Op;
 use crate::ffi::*;
@@ -52,6 +53,9 @@ pub struct Probe {
     pub dev: usize,
     books: Option<Reading>,
     counted: u64,
+    /// The moves (`moves`) just before the reading: a prefetch completed since moved the books
+    /// where vramcap's counts did not follow.
+    moves: moves::Look,
 }
 
 /// Quick tries at a reading with vramcap's own count standing still (see [`quiet_read`]), a
@@ -59,6 +63,9 @@ pub struct Probe {
 /// up to [`QUIET_PATIENCE`] in all. Only the rare calls that measure wait: never an allocation.
 const QUIET_SPINS: usize = 64;
 const QUIET_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long to wait for a reading no move spoiled when none came within [`QUIET_PATIENCE`]: moves
+/// are single driver calls (a prefetch, a free, a destroy) and a settle after a trim.
+const MOVE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The books of `dev`, and what vramcap counted as allocations at that moment. Other threads'
 /// allocations go on meanwhile: one in flight is reserved (`charged`) before the driver has it
@@ -69,6 +76,14 @@ const QUIET_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100
 /// count that only grows, so an allocation made, seen by the books and freed again between the two
 /// looks (`charged` and `held` back where they were) is not taken for a quiet moment. That mistake
 /// charged another thread's allocation as a context's overhead.
+///
+/// Memory can also change in the books while the counts stand still (attack24): a pool the driver
+/// trimmed (at a synchronize, `cuMemPoolTrimTo`, pressure relief) or grew for an allocation in
+/// flight is settled only after the call, and a prefetch, a destroyed pool's last free or a
+/// pool's destroy move pages or give memory back inside the driver call. So the pools and graph
+/// memory are counted at the driver's word, read on both sides of the books and the same
+/// ([`moves::pools`]; a stream-ordered allocation in flight is then no uncertainty), and no
+/// reading a move was under way or completed around is taken ([`moves::Moving`]).
 ///
 /// Failing a quiet moment within [`QUIET_PATIENCE`], the bound that makes the overhead larger
 /// (`before`: what is in flight counted as allocations; after: not) — too large can only deny,
@@ -81,61 +96,80 @@ fn quiet_read(dev: usize, only: Option<Source>, before: bool, own: u64) -> Optio
 
 /// [`quiet_read`] with the books read by `read` (the unit tests put other threads' calls there).
 fn quiet_read_with(dev: usize, before: bool, own: u64, mut read: impl FnMut() -> Option<Reading>) -> Option<(Reading, u64)> {
-    let ours = |c: u64| c.saturating_sub(total(dev));
+    // What vramcap counted, with its pools and graph memory at the driver's word (`moves::pools`,
+    // read on both sides of the books and the same: no trim or growth in the driver between).
+    let ours = |c: u64, p: moves::Pools| (c as i128 + p.driver as i128 - p.charged as i128).max(0) as u64;
+    let ours = |c: u64, p: moves::Pools| ours(c, p).saturating_sub(total(dev));
     let start = std::time::Instant::now();
     let mut pause = std::time::Duration::from_micros(20);
-    // (in flight, reading, what it counted): the steady reading with the least in flight.
-    let mut best: Option<(u64, Reading, u64)> = None;
+    // (in flight, reading, what it counted, its pools): the steady reading with the least in flight.
+    let mut best: Option<(u64, Reading, u64, moves::Pools)> = None;
     for i in 0.. {
         let s1 = ledger::snapshot(dev);
+        let (m1, p1) = (moves::look(dev), moves::pools(dev));
         let r = read()?;
+        let (p2, m2) = (moves::pools(dev), moves::look(dev));
         let s2 = ledger::snapshot(dev);
-        if s1 == s2 {
+        // Memory that moved in the books without moving the counts (`moves`) makes any reading
+        // taken meanwhile wrong by an amount nothing bounds: never a candidate.
+        let moved = !(m1 == m2 && m1.still() && p1 == p2);
+        if s1 == s2 && !moved {
             let (reserved, held) = (s1.charged.saturating_sub(own), s1.held);
-            if reserved == held {
-                return Some((r, ours(held)));
+            // Stream-ordered allocations in flight are in the pools' reading already.
+            let in_flight = reserved.abs_diff(held).saturating_sub(if reserved > held { p1.reserving } else { 0 });
+            if in_flight == 0 {
+                return Some((r, ours(held, p1)));
             }
-            let in_flight = reserved.abs_diff(held);
-            let counted = if before { reserved.max(held) } else { reserved.min(held) };
+            let counted = if before { held + in_flight.min(reserved.saturating_sub(held)) } else { reserved.min(held) };
             if best.as_ref().is_none_or(|b| in_flight < b.0) {
-                best = Some((in_flight, r, counted));
+                best = Some((in_flight, r, counted, p1));
             }
         }
         if i < QUIET_SPINS {
             std::thread::yield_now();
-        } else if start.elapsed() >= QUIET_PATIENCE {
+        } else if start.elapsed() >= QUIET_PATIENCE && (best.is_some() || start.elapsed() >= MOVE_PATIENCE) {
             break;
         } else {
             std::thread::sleep(pause);
             pause = (pause * 2).min(std::time::Duration::from_millis(2));
         }
     }
-    if let Some((_, r, counted)) = best {
-        return Some((r, ours(counted)));
+    if let Some((_, r, counted, p)) = best {
+        return Some((r, ours(counted, p)));
     }
-    // Never steady: the counts moved during every reading.
+    // Never steady: the counts (or the books without them) moved during every reading.
     let c = if before { ledger::charged(dev).saturating_sub(own) } else { ledger::used(dev) };
+    let p = moves::pools(dev);
     let r = read()?;
-    Some((r, ours(c)))
+    Some((r, ours(c, p)))
 }
 
 /// Reads the books before a call (and before any reservation for it).
 pub fn probe(dev: usize) -> Probe {
+    let moves = moves::look(dev);
     match quiet_read(dev, None, true, 0) {
-        Some((r, counted)) => Probe { dev, books: Some(r), counted },
-        None => Probe { dev, books: None, counted: 0 },
+        Some((r, counted)) => Probe { dev, books: Some(r), counted, moves },
+        None => Probe { dev, books: None, counted: 0, moves },
     }
 }
 
 /// What the driver took (positive) or gave back (negative) since `p`, beyond vramcap's own
 /// allocations; `None` when the books could not be read twice from one source. `reserved`: what
-/// the caller reserved for the call and has not settled yet.
+/// the caller reserved for the call and has not settled yet. A move vramcap's counts never follow
+/// (a prefetch) completed meanwhile makes it unsure by up to that move's size: the larger bound.
 pub fn measured(p: &Probe, reserved: u64) -> Option<i128> {
+    measured_spanning(p, reserved).map(|(d, unsure)| d + unsure as i128)
+}
+
+/// [`measured`], and by how much it may be off either way (0: exact): the moves vramcap's counts
+/// never follow that completed since `p` (`moves::Moving::on`).
+pub fn measured_spanning(p: &Probe, reserved: u64) -> Option<(i128, u64)> {
     let before = p.books?;
     let (after, counted) = quiet_read(p.dev, Some(before.source), false, reserved)?;
+    let unsure = p.moves.unfollowed_until(&moves::look(p.dev));
     let books = after.used as i128 - before.used as i128;
     let ours = counted as i128 - p.counted as i128;
-    Some(books - ours)
+    Some((books - ours, unsure))
 }
 
 /// Whether `p` could read the books at all (for the one-line notice when it could not).
@@ -469,6 +503,25 @@ mod tests {
                 ledger::unreserve(d, 10); // ... returns during the second reading
             }
             Some(Reading { source: Source::Process, used: if calls <= 2 { 10 } else { 0 } })
+        };
+        let (r, counted) = quiet_read_with(d, false, 0, read).unwrap();
+        assert_eq!((r.used, counted, calls), (0, 0, 3));
+    }
+
+    /// A move (`moves`: a prefetch, an orphan pool's last free) changes the books while the counts
+    /// stand still: no reading taken while one is under way, or that one completed around, is
+    /// taken (attack24: a context made meanwhile was charged the move).
+    #[test]
+    fn a_reading_taken_while_memory_moves_uncounted_is_not_taken() {
+        let d = 57;
+        let mut moving = Some(moves::Moving::on(Some(d), 0));
+        let mut calls = 0;
+        let read = || {
+            calls += 1;
+            if calls == 2 {
+                moving.take(); // the move settles during the second reading
+            }
+            Some(Reading { source: Source::Process, used: if calls <= 2 { 400 } else { 0 } })
         };
         let (r, counted) = quiet_read_with(d, false, 0, read).unwrap();
         assert_eq!((r.used, counted, calls), (0, 0, 3));
