@@ -56,6 +56,8 @@ pub struct Probe {
     /// The moves (`moves`) just before the reading: a prefetch completed since moved the books
     /// where vramcap's counts did not follow.
     moves: moves::Look,
+    /// Taken at a quiet moment (not the bound that makes the overhead larger).
+    exact: bool,
 }
 
 /// Quick tries at a reading with vramcap's own count standing still (see [`quiet_read`]), a
@@ -90,12 +92,13 @@ const MOVE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 /// too small could pass the cap — from the steady reading with the least in flight, since what
 /// is in flight is what the bound can overstate by.
 /// `own`: this call's reservation, outstanding while it reads (not in flight elsewhere).
-fn quiet_read(dev: usize, only: Option<Source>, before: bool, own: u64) -> Option<(Reading, u64)> {
+/// The third: whether it was a quiet moment (not a bound).
+fn quiet_read(dev: usize, only: Option<Source>, before: bool, own: u64) -> Option<(Reading, u64, bool)> {
     quiet_read_with(dev, before, own, || books::read(dev, only))
 }
 
 /// [`quiet_read`] with the books read by `read` (the unit tests put other threads' calls there).
-fn quiet_read_with(dev: usize, before: bool, own: u64, mut read: impl FnMut() -> Option<Reading>) -> Option<(Reading, u64)> {
+fn quiet_read_with(dev: usize, before: bool, own: u64, mut read: impl FnMut() -> Option<Reading>) -> Option<(Reading, u64, bool)> {
     // What vramcap counted, with its pools and graph memory at the driver's word (`moves::pools`,
     // read on both sides of the books and the same: no trim or growth in the driver between).
     let ours = |c: u64, p: moves::Pools| (c as i128 + p.driver as i128 - p.charged as i128).max(0) as u64;
@@ -118,7 +121,7 @@ fn quiet_read_with(dev: usize, before: bool, own: u64, mut read: impl FnMut() ->
             // Stream-ordered allocations in flight are in the pools' reading already.
             let in_flight = reserved.abs_diff(held).saturating_sub(if reserved > held { p1.reserving } else { 0 });
             if in_flight == 0 {
-                return Some((r, ours(held, p1)));
+                return Some((r, ours(held, p1), true));
             }
             let counted = if before { held + in_flight.min(reserved.saturating_sub(held)) } else { reserved.min(held) };
             if best.as_ref().is_none_or(|b| in_flight < b.0) {
@@ -135,21 +138,21 @@ fn quiet_read_with(dev: usize, before: bool, own: u64, mut read: impl FnMut() ->
         }
     }
     if let Some((_, r, counted, p)) = best {
-        return Some((r, ours(counted, p)));
+        return Some((r, ours(counted, p), false));
     }
     // Never steady: the counts (or the books without them) moved during every reading.
     let c = if before { ledger::charged(dev).saturating_sub(own) } else { ledger::used(dev) };
     let p = moves::pools(dev);
     let r = read()?;
-    Some((r, ours(c, p)))
+    Some((r, ours(c, p), false))
 }
 
 /// Reads the books before a call (and before any reservation for it).
 pub fn probe(dev: usize) -> Probe {
     let moves = moves::look(dev);
     match quiet_read(dev, None, true, 0) {
-        Some((r, counted)) => Probe { dev, books: Some(r), counted, moves },
-        None => Probe { dev, books: None, counted: 0, moves },
+        Some((r, counted, exact)) => Probe { dev, books: Some(r), counted, moves, exact },
+        None => Probe { dev, books: None, counted: 0, moves, exact: false },
     }
 }
 
@@ -158,18 +161,27 @@ pub fn probe(dev: usize) -> Probe {
 /// the caller reserved for the call and has not settled yet. A move vramcap's counts never follow
 /// (a prefetch) completed meanwhile makes it unsure by up to that move's size: the larger bound.
 pub fn measured(p: &Probe, reserved: u64) -> Option<i128> {
-    measured_spanning(p, reserved).map(|(d, unsure)| d + unsure as i128)
+    measured_spanning(p, reserved).map(|m| m.bytes + m.unsure as i128)
+}
+
+/// What [`measured_spanning`] says.
+pub struct Measure {
+    pub bytes: i128,
+    /// By how much it may be off either way (0: no uncounted move completed meanwhile).
+    pub unsure: u64,
+    /// Both readings at quiet moments and nothing unsure: a size to go by next time.
+    pub exact: bool,
 }
 
 /// [`measured`], and by how much it may be off either way (0: exact): the moves vramcap's counts
 /// never follow that completed since `p` (`moves::Moving::on`).
-pub fn measured_spanning(p: &Probe, reserved: u64) -> Option<(i128, u64)> {
+pub fn measured_spanning(p: &Probe, reserved: u64) -> Option<Measure> {
     let before = p.books?;
-    let (after, counted) = quiet_read(p.dev, Some(before.source), false, reserved)?;
+    let (after, counted, quiet) = quiet_read(p.dev, Some(before.source), false, reserved)?;
     let unsure = p.moves.unfollowed_until(&moves::look(p.dev));
     let books = after.used as i128 - before.used as i128;
     let ours = counted as i128 - p.counted as i128;
-    Some((books - ours, unsure))
+    Some(Measure { bytes: books - ours, unsure, exact: quiet && p.exact && unsure == 0 })
 }
 
 /// Whether `p` could read the books at all (for the one-line notice when it could not).
@@ -255,10 +267,22 @@ fn settle_reservation(api: Hook, dev: usize, bytes: u64, reserved: u64) -> Resul
 /// Charges `bytes` measured for `ctx` (a new context when `new`), `reserved` of them reserved
 /// before the call. `Err` when they do not fit: nothing stays charged, the caller undoes the call.
 pub fn charge(api: Hook, ctx: u64, dev: usize, bytes: u64, reserved: u64, new: bool) -> Result<(), CUresult> {
+    charge_as(api, ctx, dev, bytes, reserved, new, new)
+}
+
+/// [`charge`]; a new context's size is what the next one reserves (this process's last, the
+/// group's largest for good) only when `note` (it was measured exactly): a bound (the books never
+/// quiet, a prefetch completed meanwhile) is noted only where no size is known yet (attack24,
+/// finding 5: one wrong reading raised the group's estimate for the life of its ledger).
+pub fn charge_as(api: Hook, ctx: u64, dev: usize, bytes: u64, reserved: u64, new: bool, note: bool) -> Result<(), CUresult> {
     settle_reservation(api, dev, bytes, reserved)?;
     if new && let Some(l) = LAST_CONTEXT.get(dev) {
-        l.store(bytes, Ordering::Release);
-        crate::group::note_context(dev, bytes);
+        if note {
+            l.store(bytes, Ordering::Release);
+            crate::group::note_context(dev, bytes);
+        } else if l.compare_exchange(0, bytes, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            crate::group::note_context_if_none(dev, bytes);
+        }
     }
     if new {
         // A context whose end we never saw left its address to this one: its memory is gone.
@@ -460,6 +484,24 @@ mod tests {
         ledger::set_limit(d, 0);
     }
 
+    /// attack24, finding 5: a context's size measured only as a bound (the books never quiet, a
+    /// prefetch completed meanwhile) is what the next context reserves only where nothing was
+    /// measured before; an exact measurement replaces it.
+    #[test]
+    fn a_bound_never_raises_the_size_the_next_context_reserves() {
+        let d = 53;
+        charge_as(Hook::cuCtxCreate_v2, 0x53, d, 70, 0, true, false).unwrap();
+        assert_eq!(LAST_CONTEXT[d].load(Ordering::Relaxed), 70, "nothing known: the bound is better than none");
+        charge_as(Hook::cuCtxCreate_v2, 0x54, d, 30, 0, true, true).unwrap();
+        assert_eq!(LAST_CONTEXT[d].load(Ordering::Relaxed), 30, "an exact size replaces it");
+        charge_as(Hook::cuCtxCreate_v2, 0x55, d, 400, 0, true, false).unwrap();
+        assert_eq!(LAST_CONTEXT[d].load(Ordering::Relaxed), 30, "a bound never raises it");
+        for c in [0x53, 0x54, 0x55] {
+            context_ended(Hook::cuCtxDestroy_v2, c);
+        }
+        assert_eq!(ledger::charged(d), 0);
+    }
+
     /// The mistake that got issue 24 reverted: while the books were read, another thread's
     /// allocation was made (reserved, handed out, committed) and freed again (given back,
     /// unreserved), so the counts looked the same before and after, but the books had it. That
@@ -480,11 +522,11 @@ mod tests {
             }
             Some(Reading { source: Source::Process, used: 0 })
         };
-        let (r, counted) = quiet_read_with(d, false, 0, read).unwrap();
+        let (r, counted, _) = quiet_read_with(d, false, 0, read).unwrap();
         assert_eq!((r.used, counted), (0, 0), "the reading taken while an allocation came and went was used");
         assert_eq!(calls, 2);
         // A reading with nothing moving is taken at once.
-        let (r, _) = quiet_read_with(d, false, 0, || Some(Reading { source: Source::Process, used: 5 })).unwrap();
+        let (r, _, _) = quiet_read_with(d, false, 0, || Some(Reading { source: Source::Process, used: 5 })).unwrap();
         assert_eq!(r.used, 5);
     }
 
@@ -504,7 +546,7 @@ mod tests {
             }
             Some(Reading { source: Source::Process, used: if calls <= 2 { 10 } else { 0 } })
         };
-        let (r, counted) = quiet_read_with(d, false, 0, read).unwrap();
+        let (r, counted, _) = quiet_read_with(d, false, 0, read).unwrap();
         assert_eq!((r.used, counted, calls), (0, 0, 3));
     }
 
@@ -513,7 +555,7 @@ mod tests {
     /// taken (attack24: a context made meanwhile was charged the move).
     #[test]
     fn a_reading_taken_while_memory_moves_uncounted_is_not_taken() {
-        let d = 57;
+        let d = 52;
         let mut moving = Some(moves::Moving::on(Some(d), 0));
         let mut calls = 0;
         let read = || {
@@ -523,7 +565,7 @@ mod tests {
             }
             Some(Reading { source: Source::Process, used: if calls <= 2 { 400 } else { 0 } })
         };
-        let (r, counted) = quiet_read_with(d, false, 0, read).unwrap();
+        let (r, counted, _) = quiet_read_with(d, false, 0, read).unwrap();
         assert_eq!((r.used, counted, calls), (0, 0, 3));
     }
 
@@ -553,12 +595,12 @@ mod tests {
             }
             Some(Reading { source: Source::Process, used: 1000 })
         };
-        let (r, counted) = quiet_read_with(d, true, 0, || read(&mut calls)).unwrap();
+        let (r, counted, _) = quiet_read_with(d, true, 0, || read(&mut calls)).unwrap();
         assert_eq!((r.used, counted), (1000, 130), "before: the 30 in flight at the best reading counted as allocated");
-        let (_, counted) = quiet_read_with(d, false, 0, || read(&mut calls)).unwrap();
+        let (_, counted, _) = quiet_read_with(d, false, 0, || read(&mut calls)).unwrap();
         assert_eq!(counted, 100, "after: nothing in flight counted");
         // `own` (the caller's own reservation) is not in flight.
-        let (_, counted) = quiet_read_with(d, true, 70, || read(&mut calls)).unwrap();
+        let (_, counted, _) = quiet_read_with(d, true, 70, || read(&mut calls)).unwrap();
         assert_eq!(counted, 100, "all that is reserved is the caller's own: a quiet moment");
         ledger::unreserve(d, 70);
         ledger::release(d, 100);
