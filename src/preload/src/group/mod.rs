@@ -94,6 +94,14 @@ pub fn note_context(dev: usize, bytes: u64) {
     }
 }
 
+/// A context measured at most `bytes` on `dev` (a bound, not a size): noted only where no member
+/// measured one yet.
+pub fn note_context_if_none(dev: usize, bytes: u64) {
+    if let (Some(s), Some(e)) = (shared(), entry(dev)) {
+        let _ = s.devices[e].context_bytes.compare_exchange(0, bytes, AcqRel, Acquire);
+    }
+}
+
 /// How long a member waits for another one to measure the group's first context on a device: a
 /// context takes a real driver well under a second to make; a holder stopped longer (a debugger,
 /// SIGSTOP) is not waited for any more, and this member makes its context unreserved.

@@ -240,14 +240,18 @@ fn finish_measured(api: Hook, probe: &overhead::Probe, reserved: u64, ctx: u64, 
         return true;
     }
     guarded(true, || {
-        let bytes = match overhead::measured(probe, reserved) {
-            Some(b) => b.clamp(0, u64::MAX as i128) as u64,
+        let (bytes, exact) = match overhead::measured_spanning(probe, reserved) {
+            // A prefetch completed while the context was made moved the books by an amount the
+            // measurement cannot tell from the context's own (attack24): the size last measured
+            // (reserved) when there is one, else the larger bound.
+            Some(m) if m.unsure > 0 && reserved > 0 => (reserved, false),
+            Some(m) => ((m.bytes + m.unsure as i128).clamp(0, u64::MAX as i128) as u64, m.exact),
             None => {
                 unmeasured(d);
-                reserved
+                (reserved, false)
             }
         };
-        let fits = overhead::charge(api, ctx, d, bytes, reserved, true).is_ok();
+        let fits = overhead::charge_as(api, ctx, d, bytes, reserved, true, exact).is_ok();
         if fits && super::libraries::copies_for_a_new_context() > 0 {
             // Made with a copy of every loaded library (eager loading), and so with its heap.
             overhead::note_heap(ctx);

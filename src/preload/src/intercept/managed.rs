@@ -337,6 +337,11 @@ fn prefetch(api: Hook, moves: &[Move], call: impl FnOnce() -> CUresult) -> CUres
         Ok(p) => p,
         Err(rc) => return rc,
     };
+    // The books move with the pages, vramcap's counts do not (a managed allocation counts where
+    // its share is, wherever its pages are): a move until settled (`moves`), by up to what it
+    // sends (each range's partial units whole).
+    let unfollowed = moves.iter().fold(0u64, |a, m| a.saturating_add(m.len).saturating_add(2 * UNIT));
+    let _moving = super::moves::Moving::on(None, unfollowed);
     let t = timed(call);
     let ok = t.rc == CUDA_SUCCESS;
     guarded((), || settle(table, p, ok));

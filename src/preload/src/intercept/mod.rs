@@ -20,6 +20,7 @@ pub mod nvml;
 pub mod nvml_early;
 pub mod overhead;
 pub mod modules;
+pub mod moves;
 pub mod pool;
 pub mod pool_table;
 pub mod pressure;
