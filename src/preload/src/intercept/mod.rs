@@ -6,6 +6,7 @@ pub mod arrays;
 pub mod books;
 pub mod charge;
 pub mod context;
+pub mod cubin;
 pub mod handles;
 pub mod graph;
 pub mod graph_nodes;
