@@ -165,6 +165,14 @@ static void config_load_once(void)
         else
             bad_var("FAKECUDA_CTX_DELAY_US", v);
     }
+    /* A driver that sets a context up for this long before its memory is taken (a real one
+     * initialises the device's state first and takes the memory as it goes). */
+    if ((v = getenv("FAKECUDA_CTX_SETUP_US"))) {
+        if (parse_int(v, 0, 10000000, &n) == 0)
+            fc_cfg.ctx_setup_us = n;
+        else
+            bad_var("FAKECUDA_CTX_SETUP_US", v);
+    }
     if ((v = getenv("FAKECUDA_FAIL_ALLOC"))) {
         char buf[64];
         char *colon;

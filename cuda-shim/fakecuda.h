@@ -31,6 +31,7 @@ int fakecuda_pci_bus(int dev);
  * every process sharing FAKECUDA_SHARED_DEVICE or, without it, this one; returns how many there
  * are (may exceed cap), -1 for a bad device. Works before cuInit. */
 int fakecuda_processes(int dev, unsigned int *pids, unsigned long long *bytes, int cap);
+int fakecuda_device_held(int dev, unsigned long long *held);
 /* Times the exported entry point `exported_name` was entered; 0 if unknown. */
 unsigned long long fakecuda_calls(const char *exported_name);
 /* The n-th allocation call from now (1 = next) fails with `code`; n <= 0 disarms. */

@@ -34,6 +34,7 @@ static int (*g_stats)(int, fakecuda_stats_t *);
 static int (*g_uuid)(int, unsigned char *);
 static int (*g_bus)(int);
 static int (*g_procs)(int, unsigned int *, unsigned long long *, int);
+static int (*g_device_held)(int, unsigned long long *);
 
 static int count(void)
 {
@@ -52,6 +53,7 @@ API int nvmlInit_v2(void)
     *(void **)&g_uuid = dlsym(h, "fakecuda_uuid");
     *(void **)&g_bus = dlsym(h, "fakecuda_pci_bus");
     *(void **)&g_procs = dlsym(h, "fakecuda_processes");
+    *(void **)&g_device_held = dlsym(h, "fakecuda_device_held");
     if (!g_stats || !g_uuid || !g_bus || !g_procs)
         return NVML_ERROR_UNKNOWN;
     g_init = 1;
@@ -95,10 +97,15 @@ API int nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *dev)
     return NVML_SUCCESS;
 }
 
-/* Physical view: the fake driver's own bytes (works before cuInit). */
+/* Physical view: the fake driver's own bytes (works before cuInit). FAKENVML_DEVICE_WIDE=1
+ * with a shared device (FAKECUDA_SHARED_DEVICE): what every process holds on it, as the real
+ * nvmlDeviceGetMemoryInfo reports a device (attack24: members that read the device's memory
+ * see one another's). */
 static int phys(nvmlDevice_t dev, unsigned long long *total, unsigned long long *used)
 {
     fakecuda_stats_t s;
+    const char *wide = getenv("FAKENVML_DEVICE_WIDE");
+    unsigned long long all;
 
     if (!g_init)
         return NVML_ERROR_UNINITIALIZED;
@@ -106,6 +113,8 @@ static int phys(nvmlDevice_t dev, unsigned long long *total, unsigned long long 
         return NVML_ERROR_INVALID_ARGUMENT;
     *total = s.total_bytes;
     *used = s.bytes_held;
+    if (wide && *wide == '1' && g_device_held && g_device_held(dev->index, &all) == 0)
+        *used = all;
     return NVML_SUCCESS;
 }
 

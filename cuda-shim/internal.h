@@ -59,6 +59,7 @@ struct fc_config {
     long free_delay_us;                     /* FAKECUDA_FREE_DELAY_US: cuMemFree_v2, cuMemFreeAsync return this late */
     long relaunch_delay_us;                 /* FAKECUDA_RELAUNCH_DELAY_US: see fc_config_load */
     int ctx_delay_us;                       /* FAKECUDA_CTX_DELAY_US: how long making a context takes */
+    int ctx_setup_us;                       /* FAKECUDA_CTX_SETUP_US: ... before its memory is taken */
     unsigned long long mem[FC_MAX_DEVICES]; /* total bytes per device */
     unsigned long long ctx_bytes;           /* FAKECUDA_CTX_BYTES: device memory a context takes */
 };

@@ -1,7 +1,7 @@
 /*
  * overhead.c - device memory no allocation call returns, as the real driver takes it (issue 24):
  *
- *  - a context costs FAKECUDA_CTX_BYTES (default 0) from its creation (cuCtxCreate*, the first
+ *  - a context costs FAKECUDA_CTX_BYTES (default 0; taken after FAKECUDA_CTX_SETUP_US of set-up) from its creation (cuCtxCreate*, the first
  *    cuDevicePrimaryCtxRetain) to its end (cuCtxDestroy, a detach to zero, the last primary
  *    release);
  *  - a module costs its __device__ globals: the sizes of its ELF image's `.nv.global*` sections,
@@ -14,9 +14,10 @@
  *    fake has no kernel launches, so "after a launch that uses malloc" is "after a module load");
  *  - a library (cuLibraryLoadData, cuLibraryLoadFromFile; CUDA 12.0) is context-independent: it
  *    is loaded, as a module of its own, into every live context at the call and into every
- *    context created later, until cuLibraryUnload. That is the documented eager loading
- *    (CUDA_MODULE_LOADING=EAGER); the fake never loads lazily (a real driver in LAZY mode loads
- *    a library into a context only when a function of it is first needed there). A copy that
+ *    context created later, until cuLibraryUnload, with eager loading (CUDA_MODULE_LOADING=EAGER,
+ *    or unset before driver 12.2). Lazy loading (LAZY, or unset from 12.2 on: the real driver's
+ *    default) loads a library into a context only when a function of it is first needed there,
+ *    which in the fake (no launches) is never. A copy that
  *    does not fit fails the load (CUDA_ERROR_OUT_OF_MEMORY, nothing left loaded), or the
  *    context's creation;
  *  - CU_LIMIT_STACK_SIZE "takes effect immediately": the stack above the 1 KiB default costs the
@@ -52,6 +53,7 @@ struct fc_module {
 struct fc_library {
     unsigned long long globals;
     int unloaded;
+    int lazy;                   /* loaded lazily: into no context until first needed (never here) */
     struct fc_library *next;    /* registry: never freed, so a stale handle is detected */
 };
 
@@ -70,6 +72,8 @@ static unsigned long long limit_of(struct fc_ctx *c, int which, unsigned long lo
 
 CUresult fc_ctx_begin(struct fc_ctx *c)
 {
+    if (fc_cfg.ctx_setup_us > 0)
+        usleep((useconds_t)fc_cfg.ctx_setup_us);
     pthread_mutex_lock(&g_overhead_lock);
     c->ctx_bytes = c->module_bytes = c->heap_bytes = c->stack_bytes = 0;
     c->modules = 0;
@@ -81,7 +85,7 @@ CUresult fc_ctx_begin(struct fc_ctx *c)
     c->ctx_bytes = fc_cfg.ctx_bytes;
     /* Every library loaded and not unloaded is loaded into a new context at its creation. */
     for (struct fc_library *l = g_libraries; l; l = l->next)
-        if (!l->unloaded && load_into(c, l->globals, l, NULL) != CUDA_SUCCESS) {
+        if (!l->unloaded && !l->lazy && load_into(c, l->globals, l, NULL) != CUDA_SUCCESS) {
             drop_modules(c);
             fc_mem_overhead(c->dev, -(long long)c->ctx_bytes);
             c->ctx_bytes = 0;
@@ -388,6 +392,16 @@ static int options_ok(const void *opts, void **values, unsigned int n)
     return n == 0 || (opts && values);
 }
 
+/* CUDA_MODULE_LOADING: EAGER or LAZY; unset, LAZY from driver 12.2 on (its default on Linux since
+ * CUDA 12.2, Programming Guide "Lazy Loading"), EAGER before. */
+static int lazy_loading(void)
+{
+    const char *v = getenv("CUDA_MODULE_LOADING");
+    if (v && *v)
+        return strcmp(v, "LAZY") == 0;
+    return fc_cfg.driver_version >= 12020;
+}
+
 static CUresult library_load(CUlibrary *out, const unsigned char *img, size_t len)
 {
     struct fc_library *lib;
@@ -399,9 +413,13 @@ static CUresult library_load(CUlibrary *out, const unsigned char *img, size_t le
     if (!(lib = calloc(1, sizeof *lib)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     lib->globals = (unsigned long long)globals;
+    lib->lazy = lazy_loading();
     /* Context-independent: into every live context now (eager loading), later ones at their
-     * creation (fc_ctx_begin). The registry lock keeps contexts from beginning meanwhile. */
-    rc = fc_ctx_each_live(load_copy, lib);
+     * creation (fc_ctx_begin). The registry lock keeps contexts from beginning meanwhile.
+     * CUDA_MODULE_LOADING=LAZY (the default on Linux since CUDA 12.2, Programming Guide "Lazy
+     * Loading"): into a context only when a function of it is first needed there, which in the
+     * fake (no launches) is never; the library is still loaded. */
+    rc = lazy_loading() ? CUDA_SUCCESS : fc_ctx_each_live(load_copy, lib);
     pthread_mutex_lock(&g_overhead_lock);
     if (rc != CUDA_SUCCESS) {
         unload_library(lib);

@@ -177,3 +177,16 @@ FC_API int fakecuda_processes(int devno, unsigned int *pids, unsigned long long 
     }
     return n;
 }
+
+/* What the whole device holds, all processes together (FAKECUDA_SHARED_DEVICE), as NVML's
+ * nvmlDeviceGetMemoryInfo reports a device; -1 without a shared device file. */
+FC_API int fakecuda_device_held(int devno, unsigned long long *held)
+{
+    if (devno < 0 || devno >= FC_MAX_DEVICES || !held)
+        return -1;
+    pthread_once(&g_shared_once, shared_open);
+    if (!g_shared)
+        return -1;
+    *held = atomic_load(&g_shared[devno].held);
+    return 0;
+}

@@ -7,7 +7,7 @@
 //! parsing, which decides whether a member is dead.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use vramcap_fuzz::group::{file, shm};
+use vramcap_fuzz::group::{file, kept, shm};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, body)) = data.split_first() else { return };
@@ -53,6 +53,10 @@ fuzz_target!(|data: &[u8]| {
     }
     // Every non-free slot counts as dead: reclaim must cope with any charges it finds.
     let _ = s.reclaim_dead(1, &|ms: &[shm::Member]| vec![shm::Liveness::Dead; ms.len()]);
+    // Export records of any content: sweeps, the operator's view and drop must cope too.
+    let _ = s.sweep_exports(&|| Some(vec![(1, 7, kept::LOCK_BASE + 3)]));
+    let _ = s.kept_exports();
+    let _ = s.drop_exports(true);
     m.unmap();
 });
 

@@ -23,6 +23,9 @@
  *   bench N SIZE         -> bench ns_per_pair=X errors=E ns_per_pair_cpu=C (C: this process's
  *                           CPU time, so time spent descheduled is not in it)
  *   sleep MS             -> sleep ok
+ *   bg N OP...           -> (nothing) the next N words run as ops in a new thread, at once;
+ *                           the main thread goes on with the ops after them
+ *   join                 -> join ok   (waits for every bg thread)
  *   exitsleep MS         -> exitsleep ok; at exit (after handlers registered later, such as
  *                           vramcap's, have run) prints "exiting" and sleeps MS while still
  *                           holding its memory, like a C++ destructor or a slow atexit handler
@@ -381,6 +384,20 @@ static void op_calls(const char *name)
 
 const struct cu_api *client_A;
 
+/* bg: ops run by another thread while the main thread runs its own (issue 24's attacks: what
+ * another thread does while a context is measured). */
+struct bg { const struct cu_api *api; int argc; char **argv; };
+static pthread_t g_bg[16];
+static struct bg g_bgs[16];
+static int g_nbg;
+
+static void *bg_main(void *p)
+{
+    struct bg *b = p;
+    client_run(b->api, b->argc, b->argv);
+    return NULL;
+}
+
 unsigned long long client_parse_size(const char *s) { return parse_size(s); }
 long client_parse_long(const char *s) { return parse_long(s); }
 
@@ -475,6 +492,21 @@ int client_run(const struct cu_api *api, int argc, char **argv)
             struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
             nanosleep(&ts, NULL);
             out("sleep ok");
+        } else if (!strcmp(op, "bg")) {
+            long n = parse_long(ARG());
+            if (n < 1 || i + n >= argc || g_nbg >= 16)
+                die("bg: bad word count%s", "");
+            /* argv[i] (the count) stands for argv[0] of the thread's op list. */
+            g_bgs[g_nbg] = (struct bg){ api, (int)n + 1, argv + i };
+            if (pthread_create(&g_bg[g_nbg], NULL, bg_main, &g_bgs[g_nbg]))
+                die("pthread_create failed%s", "");
+            g_nbg++;
+            i += (int)n;
+        } else if (!strcmp(op, "join")) {
+            for (int k = 0; k < g_nbg; k++)
+                pthread_join(g_bg[k], NULL);
+            g_nbg = 0;
+            out("join ok");
         } else if (!strcmp(op, "poll")) {
             /* A busy job: N driver calls (cuCtxSynchronize) MS milliseconds apart. */
             long n = parse_long(ARG()), ms = parse_long(ARG());

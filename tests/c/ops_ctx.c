@@ -32,6 +32,7 @@
  *   fdack                -> fdack rc=N                  (answer the sender, close the connection)
  *   fdsend F PATH        -> fdsend rc=N                 (send fd F to PATH, wait for the answer,
  *                                                       close F here)
+ *   exitfd F             -> exitfd rc=0; at exit again  (an atexit handler of the application: is fd F open?)
  *   waitfifo PATH        -> waitfifo rc=N               (block until the FIFO at PATH is opened for
  *                                                       writing and closed: the test says go)
  *   vmmstorm T N SIZE    -> vmmstorm ok=A oom=O other=E (T threads × N rounds of cuMemCreate SIZE,
@@ -90,7 +91,10 @@ static CUcontext ctx_at(const char *s)
     return g_ctx[k];
 }
 
-static int g_listen = -1, g_conn = -1;
+static int g_listen = -1, g_conn = -1, g_exit_fd = -1;
+
+/* The application's own use of its fd at exit (after every handler registered later): open? */
+static void exit_fd(void) { OUT("exitfd rc=%d", g_exit_fd < g_nfd && fcntl(g_fd[g_exit_fd].fd, F_GETFD) >= 0 ? 0 : 1); }
 
 static int fd_at(const char *s)
 {
@@ -198,6 +202,11 @@ static int fd_op(const char *op, int argc, char **argv)
         close(g_fd[k].fd);
         OUT("fdsend rc=%d", ok ? 0 : 1);
         return 3;
+    }
+    if (!strcmp(op, "exitfd")) {
+        g_exit_fd = (int)client_parse_long(FARG(0));
+        OUT("exitfd rc=%d", atexit(exit_fd) == 0 ? 0 : 1);
+        return 2;
     }
     if (!strcmp(op, "waitfifo")) {
         char buf[16];

@@ -22,3 +22,4 @@ mod numba;
 mod observe;
 mod prefetch;
 mod overhead;
+mod overhead_attack;

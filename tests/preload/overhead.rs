@@ -18,14 +18,34 @@ fn agree(cap: &str, ctx: &str, ops: &str, checks: &[(&str, &[i64])]) -> Vec<Outp
     agree_peak(cap, ctx, ops, checks, true)
 }
 
+/// [`agree`] with libraries loaded eagerly (`CUDA_MODULE_LOADING=EAGER`: into every context at
+/// once; the driver's default since CUDA 12.2 is lazy, into a context at first use).
+fn agree_eager(cap: &str, ctx: &str, ops: &str, checks: &[(&str, &[i64])]) -> Vec<Output> {
+    agree_in(cap, ctx, ops, checks, true, &[("CUDA_MODULE_LOADING", "EAGER")])
+}
+
 /// [`agree`]; `strict`: also the capped device's physical peak stays within the cap.
 fn agree_peak(cap: &str, ctx: &str, ops: &str, checks: &[(&str, &[i64])], strict: bool) -> Vec<Output> {
+    agree_in(cap, ctx, ops, checks, strict, &[])
+}
+
+fn agree_in(cap: &str, ctx: &str, ops: &str, checks: &[(&str, &[i64])], strict: bool, env: &[(&str, &str)]) -> Vec<Output> {
     let mut out = Vec::new();
     for c in CLIENTS {
-        let capped =
-            Run::client(c).env("VRAMCAP_LIMIT", cap).env("FAKECUDA_CTX_BYTES", ctx).args([ops, "info", "stats 0"]).run();
+        let with_env = |mut r: Run| {
+            for (k, v) in env {
+                r = r.env(k, v);
+            }
+            r
+        };
+        let capped = with_env(Run::client(c))
+            .env("VRAMCAP_LIMIT", cap)
+            .env("FAKECUDA_CTX_BYTES", ctx)
+            .args([ops, "info", "stats 0"])
+            .run();
         capped.ok();
-        let bare = Run::client(c).bare().env("FAKECUDA_MEM", cap).env("FAKECUDA_CTX_BYTES", ctx).args([ops, "info"]).run();
+        let bare =
+            with_env(Run::client(c).bare()).env("FAKECUDA_MEM", cap).env("FAKECUDA_CTX_BYTES", ctx).args([ops, "info"]).run();
         bare.ok();
         for (op, want) in checks {
             let rcs = |o: &Output| o.of(op).iter().map(|l| l.rc()).collect::<Vec<_>>();
@@ -224,7 +244,7 @@ fn libraries_cost_their_globals_in_every_context_and_give_them_back_at_unload() 
     let ops = format!(
         "init ctx 0 cubin {s} 64m 16m cubin {b} 2g info libdata {s} info libfile {b} libunload 0 info libfile {s} info alloc 900m alloc 835m"
     );
-    let runs = agree("1g", "100m", &ops, &[("libdata", &[0]), ("libfile", &[2, 0]), ("libunload", &[0]), ("alloc", &[2, 0])]);
+    let runs = agree_eager("1g", "100m", &ops, &[("libdata", &[0]), ("libfile", &[2, 0]), ("libunload", &[0]), ("alloc", &[2, 0])]);
     for r in &runs {
         let free = |i| r.nth("info", i).num("free");
         assert_eq!(free(0) - free(1), 89 * MIB, "{}", r.stdout);
@@ -237,7 +257,7 @@ fn libraries_cost_their_globals_in_every_context_and_give_them_back_at_unload() 
     let ops = format!(
         "init ctx 0 mkctx 2 0 cubin {b} 420m cubin {s} 300m libdata {b} info libdata {s} info libunload 0 info alloc 800m alloc 7m"
     );
-    let runs = agree("1g", "100m", &ops, &[("libdata", &[2, 0]), ("libunload", &[0]), ("alloc", &[0, 2])]);
+    let runs = agree_eager("1g", "100m", &ops, &[("libdata", &[2, 0]), ("libunload", &[0]), ("alloc", &[0, 2])]);
     for r in &runs {
         let free = |i| r.nth("info", i).num("free");
         // Two contexts, two heaps, two copies; then the two heaps alone.
@@ -245,7 +265,7 @@ fn libraries_cost_their_globals_in_every_context_and_give_them_back_at_unload() 
         assert_eq!(free(2), GIB - (2 * 100 + 2 * 9) * MIB, "{}", r.stdout);
     }
     // A context created while a library is loaded gets its copy: measured as part of its size.
-    agree("1g", "100m", &format!("init ctx 0 cubin {s} 300m libdata {s} mkctx 2 0 alloc 200m mkctx 2 0"), &[
+    agree_eager("1g", "100m", &format!("init ctx 0 cubin {s} 300m libdata {s} mkctx 2 0 alloc 200m mkctx 2 0"), &[
         ("libdata", &[0]),
         ("mkctx", &[0, 2]),
         ("alloc", &[0]),
@@ -296,6 +316,7 @@ fn libraries_and_green_contexts_show_in_the_trace_and_report_as_overhead() {
         .env("VRAMCAP_LIMIT", "1g")
         .env("FAKECUDA_CTX_BYTES", "100m")
         .env("VRAMCAP_TRACE", &trace)
+        .env("CUDA_MODULE_LOADING", "EAGER")
         .args([format!("init ctx 0 cubin {l} 64m libdata {l} green 0 libunload 0 greendestroy 0 release2 0", l = lib.display())])
         .run();
     out.ok();

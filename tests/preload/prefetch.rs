@@ -137,6 +137,27 @@ fn a_prefetch_vramcap_cannot_place_is_refused_before_the_driver() {
     }
 }
 
+/// `cuMemPrefetchAsync_v2` to location type device with id −1 (v1's `CU_DEVICE_CPU`, which is
+/// no device in a `CUmemLocation`): refused as the driver refuses it, with a line that says the
+/// id names no device and how to name the host, not that the type is unknown.
+#[test]
+fn a_prefetch_to_device_minus_one_says_the_id_names_no_device() {
+    let ops = "init ctx 0 managed 4m prefetch2 0 0 4m 1 -1 calls cuMemPrefetchAsync_v2";
+    for c in CLIENTS {
+        let bare = Run::client(c).bare().args([ops]).run();
+        bare.ok();
+        let out = Run::client(c).env("VRAMCAP_LIMIT", "256m").args([ops]).run();
+        out.ok();
+        assert_eq!(rcs(&out, "prefetch"), rcs(&bare, "prefetch"), "{c}: the driver's own answer: {}", out.stdout);
+        assert_eq!(out.nth("calls", 0).num("n"), 0, "{c}: refused before the driver");
+        assert!(
+            out.stderr.contains("with id -1 names no device") && out.stderr.contains("location type 2 (CU_MEM_LOCATION_TYPE_HOST)"),
+            "{c}: says what is wrong:\n{}",
+            out.stderr
+        );
+    }
+}
+
 #[test]
 fn a_batch_whose_operations_overlap_counts_every_place_they_may_leave_it() {
     // A batch's operations run in no set order (documented): [0, 200 MiB) to device 1 and the same

@@ -420,6 +420,8 @@ import_table! {
     Cuda fn cuCtxGetLimit(*mut usize, CUlimit) -> CUresult;
     // What a stack size costs: the device's resident threads (intercept::modules).
     Cuda fn cuDeviceGetAttribute(*mut c_int, c_int, CUdevice) -> CUresult;
+    // Whether libraries load eagerly (intercept::libraries): the default changed in CUDA 12.2.
+    Cuda fn cuDriverGetVersion(*mut c_int) -> CUresult;
 }
 
 /// Base names in the table whose unknown variants are safe to pass through: they only read a

@@ -1,5 +1,6 @@
-//! `vramcap limit --group NAME [--group-dir DIR] [--enforce] [SPEC]`: print or change a running
-//! group's budget in its ledger (issue 26), or turn an observing group to enforce. Members judge every allocation against the ledger's limit
+//! `vramcap limit --group NAME [--group-dir DIR] [--enforce] [--drop-exports] [SPEC]`: print or
+//! change a running group's budget in its ledger (issue 26), turn an observing group to enforce,
+//! or give back exported memory of ended members that the group cannot decide about (issue 23). Members judge every allocation against the ledger's limit
 //! word, so a change applies to the next allocation of each; members joining later adopt it
 //! (`group_ledger::budget`).
 //!
@@ -33,6 +34,15 @@ pub struct LimitArgs {
     /// for observe: restart them with it).
     #[arg(long)]
     pub enforce: bool,
+    /// Give back what the group keeps of ended members' exported VMM memory that it cannot
+    /// decide about (an export vramcap could not watch): your word that no process will import
+    /// it any more. Memory importers hold stays charged until their imports end.
+    #[arg(long)]
+    pub drop_exports: bool,
+    /// With --drop-exports: also what an fd still open somewhere keeps (your word that whoever
+    /// holds it will not import it).
+    #[arg(long, requires = "drop_exports")]
+    pub open_too: bool,
 }
 
 pub fn main(a: LimitArgs) -> Result<(), String> {
@@ -46,7 +56,7 @@ pub fn main(a: LimitArgs) -> Result<(), String> {
         format!("no group \"{}\": {} does not exist (is a member running with VRAMCAP_GROUP_DIR={dir}?)", a.group, path.display())
     })?;
     let s = m.shm;
-    if a.spec.is_none() && !a.enforce {
+    if a.spec.is_none() && !a.enforce && !a.drop_exports {
         // Dead members' charges are not use: give them back before showing `used`.
         reclaim_in(s);
         print!("{}", show(s, &a.group, owner));
@@ -60,6 +70,17 @@ pub fn main(a: LimitArgs) -> Result<(), String> {
             a.group,
             path.display()
         ));
+    }
+    if a.drop_exports {
+        reclaim_in(s);
+        let dropped = s.drop_exports(a.open_too);
+        let what = if a.open_too { "undecidable or with an fd still open" } else { "undecidable" };
+        for e in (0..shm::DEVICES).filter(|&e| dropped[e] > 0) {
+            println!("group \"{}\" device {e}: gave back {} of ended members' exported memory ({what})", a.group, human(dropped[e]));
+        }
+        if dropped.iter().all(|&b| b == 0) {
+            println!("group \"{}\": no exported memory of ended members to give back ({what})", a.group);
+        }
     }
     if a.enforce {
         let was = if s.enforce() { "observe" } else { "enforce" };
@@ -161,12 +182,28 @@ fn show(s: &Shared, name: &str, owner: u32) -> String {
             if limit == 0 { "none".to_string() } else { human(limit) },
             human(s.used(e))
         );
+        out += &kept_line(s.kept_exports()[e]);
     }
     if let Some(line) = ceiling_note() {
         out += &line;
         out.push('\n');
     }
     out
+}
+
+/// What `used` holds of ended members' exported VMM memory, and what gives it back.
+fn kept_line(k: vramcap_common::group_ledger::kept::KeptBytes) -> String {
+    let mut parts = Vec::new();
+    if k.open > 0 {
+        parts.push(format!("{} with an fd still open somewhere (back when its last copy closes)", human(k.open)));
+    }
+    if k.unsure > 0 {
+        parts.push(format!("{} undecidable (exports vramcap could not watch: back with --drop-exports)", human(k.unsure)));
+    }
+    if k.imported > 0 {
+        parts.push(format!("{} mapped by importers (back when no member holds an import)", human(k.imported)));
+    }
+    if parts.is_empty() { String::new() } else { format!("  of which exported by ended members: {}\n", parts.join(", ")) }
 }
 
 /// What the machine's ceiling file holds each member to, whatever the group's budget.

@@ -6,7 +6,7 @@
 //! same once-only reclaim (`Shared::reclaim_dead`): a member that reclaims at the same moment
 //! cannot double-count, whoever wins the slot's compare-and-swap gives the charge back.
 
-use vramcap_common::group_ledger::file;
+use vramcap_common::group_ledger::{self, file};
 
 use super::state::Registry;
 use std::collections::{BTreeMap, BTreeSet};
@@ -130,7 +130,8 @@ fn sweep(dir: &Path, uid: u32, group: &str) -> (usize, u64, usize) {
         Ok(Some(m)) => m,
         Ok(None) | Err(_) => return (0, 0, 0),
     };
-    let (n, bytes) = m.shm.reclaim_dead(std::process::id(), &file::liveness);
+    // With the exported memory of ended members no fd keeps any more (`group_ledger::kept`).
+    let (n, bytes) = group_ledger::reclaim_in(m.shm);
     let left = m.shm.members();
     m.unmap();
     if n > 0 {

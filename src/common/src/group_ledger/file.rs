@@ -1,7 +1,7 @@
 //! The ledger file: created complete or not at all, opened and checked, mapped `MAP_SHARED`;
 //! and what `/proc` says about a member's identity.
 
-use super::shm::{LAYOUT_BYTES, Shared};
+use super::shm::{LAYOUT_BYTES, MAGIC, Shared, VERSION};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -13,6 +13,18 @@ pub fn path_for(dir: &str, name: &str) -> PathBuf {
 
 fn cstr(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap_or_default()
+}
+
+/// The format version in the header of a vramcap ledger `fd` (read, not mapped) when it is not
+/// this build's; `None`: not a vramcap ledger, or this version (then it is truly truncated).
+fn other_version(fd: libc::c_int) -> Option<u32> {
+    let mut h = [0u8; 12];
+    let n = unsafe { libc::pread(fd, h.as_mut_ptr().cast(), h.len(), 0) };
+    if n != h.len() as isize || u64::from_ne_bytes(h[..8].try_into().ok()?) != MAGIC {
+        return None;
+    }
+    let v = u32::from_ne_bytes(h[8..12].try_into().ok()?);
+    (v != VERSION).then_some(v)
 }
 
 fn os_err(what: &str, p: &Path) -> String {
@@ -93,8 +105,16 @@ fn open_checked(p: &Path, member: bool) -> Result<Option<(Mapping, u32)>, String
     let size = st.st_size as u64;
     let checked = checked.and_then(|()| {
         if size < LAYOUT_BYTES as u64 {
-            // Mapping past the end would SIGBUS on first touch: refuse before mapping.
-            Err(format!("group ledger {} is truncated ({size} bytes, expected {LAYOUT_BYTES})", p.display()))
+            // Mapping past the end would SIGBUS on first touch: refuse before mapping. A ledger
+            // of another format version (another vramcap build still running, or left over) is
+            // said as such, not as a truncated file.
+            Err(match other_version(fd) {
+                Some(v) => format!(
+                    "group ledger {} is format version {v} ({size} bytes), this vramcap understands version {VERSION} ({LAYOUT_BYTES} bytes): upgrade the group's jobs together, or remove the file once none of them runs",
+                    p.display()
+                ),
+                None => format!("group ledger {} is truncated ({size} bytes, expected {LAYOUT_BYTES})", p.display()),
+            })
         } else {
             map_fd(fd, p)
         }
@@ -258,6 +278,14 @@ mod tests {
         assert_eq!(again.shm.used(0), 5, "one shared file");
         std::fs::write(&p, b"short").unwrap();
         assert!(open_existing(&p).err().unwrap().contains("truncated"));
+        // A smaller ledger of another format version (an older build's, left in /dev/shm) is
+        // said as such: the operator is told what to do, not that the file is damaged.
+        let mut old = MAGIC.to_ne_bytes().to_vec();
+        old.extend_from_slice(&(VERSION - 1).to_ne_bytes());
+        old.resize(4096, 0);
+        std::fs::write(&p, &old).unwrap();
+        let e = open_existing(&p).err().unwrap();
+        assert!(e.contains(&format!("format version {}", VERSION - 1)) && e.contains("upgrade the group's jobs together"), "{e}");
         std::fs::write(&p, vec![0u8; LAYOUT_BYTES]).unwrap();
         assert!(open_existing(&p).err().unwrap().contains("bad magic"));
         std::fs::remove_dir_all(&dir).unwrap();

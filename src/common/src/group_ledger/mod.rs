@@ -11,6 +11,7 @@
 //! - [`join`]: a member's start: the group's policy and headroom, its reserve, the headroom holder.
 //! - [`loan`]: reserve a higher priority took, given back to its lender when freed.
 //! - [`exports`]: exported VMM memory that outlives its exporter while imports hold it.
+//! - [`kept`]: exported memory whose fd may still be open after its exporter ended.
 //! - [`file`]: creating, opening and checking the file; [`guard`]: a file truncated while mapped.
 //! - [`liveness`]: whether the process a slot names still runs, from any PID namespace.
 //!
@@ -22,14 +23,18 @@ pub mod exports;
 pub mod file;
 pub mod guard;
 pub mod join;
+pub mod kept;
 pub mod lease;
 pub mod liveness;
 pub mod loan;
 pub mod shm;
 
 /// Gives back what the dead members of ledger `s` hold, judged from this process (its PID
-/// namespace and `/proc`); returns (members, bytes). Members call it before a denial, the
-/// sidecar on its sweep.
+/// namespace and `/proc`), and their exported memory no open fd keeps any more (`/proc/locks`);
+/// returns (members, bytes given back by the members' end). Members call it when they join and
+/// before a denial, the sidecar on its sweep, `vramcap limit` before it shows the books.
 pub fn reclaim_in(s: &shm::Shared) -> (usize, u64) {
-    s.reclaim_dead(std::process::id(), &file::liveness)
+    let r = s.reclaim_dead(std::process::id(), &file::liveness);
+    s.sweep_exports(&kept::proc_locks);
+    r
 }

@@ -15,6 +15,7 @@
 //!   with one CAS: exactly once. The word carries a generation so a slot freed and taken again
 //!   between our look and our CAS is not mistaken for the one we looked at.
 
+use super::kept::Kept;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
@@ -35,7 +36,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// 6 (issue 24): per device the size of the largest context a member measured there
 /// (`context_bytes`), which a member reserves before it creates its first context, and who is
 /// measuring the group's first one there (`context_lease`).
-pub const VERSION: u32 = 6;
+/// 7 (issue 23, exported fds): the group's records of exported files (`kept`, [`super::kept`]):
+/// an ended member's exported memory stays in `held` until no open file description of it is
+/// left (then it lives only in imports: `orphans`); a version 6 member would give it back with
+/// its exporter, while an fd sent and not yet imported keeps the memory alive.
+pub const VERSION: u32 = 7;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
 pub const NAME_BYTES: usize = 64;
@@ -162,6 +167,8 @@ pub struct Shared {
     /// which export it came from the driver does not say). Given back when no member holds one.
     pub orphans: [AtomicU64; DEVICES],
     pub slots: [Slot; SLOTS],
+    /// Exported memory of ended members whose file may still be open ([`super::kept`]).
+    pub kept: Kept,
 }
 
 pub const LAYOUT_BYTES: usize = std::mem::size_of::<Shared>();
@@ -429,22 +436,20 @@ impl Shared {
         s.word.compare_exchange(w, mine.pack(), AcqRel, Relaxed).ok()?;
         let mut total = 0;
         let loans = s.loans_on.load(Acquire);
-        // Its imports go first: whether its exports must outlive it is asked of the others.
+        // Its imports go first: exported memory they kept alive may go back with them.
         let imported = s.imports.swap(0, SeqCst);
-        let mut orphaned = false;
+        let mut kept_on = [0u64; DEVICES];
         for e in 0..DEVICES {
             // Zero the slot first: a kill right here leaks (stricter), never double-counts.
             let charged = s.charge[e].swap(0, AcqRel);
             let exported = s.exported[e].swap(0, AcqRel).min(charged);
             // What it borrowed goes back to its lenders (it stays in `held`, as their reserve).
             let repaid = if loans & (1 << e) != 0 { self.repay(i, e, charged) } else { 0 };
-            // Memory it exported may be mapped by an importer still running: it stays in `held`
-            // as the group's, until no member holds an import.
-            let kept = if exported > 0 && self.imports_held() > 0 { exported.min(charged - repaid) } else { 0 };
-            if kept > 0 {
-                self.orphans[e].fetch_add(kept, SeqCst);
-                orphaned = true;
-            }
+            // Memory it exported may live on: in an fd still open anywhere (sent, not yet
+            // imported), or in an importer's mapping. It stays in `held`, described by the
+            // member's export records, until `sweep_exports` finds no open file of it.
+            let kept = exported.min(charged - repaid);
+            kept_on[e] = kept;
             let unmet = s.unmet[e].swap(0, AcqRel);
             s.reserve[e].store(0, Release);
             total += charged - kept;
@@ -455,8 +460,11 @@ impl Shared {
                 sub_saturating(&self.devices[e].held, charged - repaid - kept + unmet);
             }
         }
-        if imported > 0 || orphaned {
-            // The last import may have ended with this member, or ended elsewhere while we kept.
+        // Before the slot is free (an ended record is one whose slot is): records never stand for
+        // more than it kept, whatever the sweep does later.
+        self.settle_records(i, sw.generation, &kept_on);
+        if imported > 0 {
+            // The last import may have ended with this member.
             self.release_orphans();
         }
         self.forget_loans(i);
@@ -549,7 +557,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<Header>(), 128);
         assert_eq!(std::mem::size_of::<Device>(), 128);
         assert_eq!(std::mem::size_of::<Slot>(), 2368);
-        assert_eq!(LAYOUT_BYTES, 128 + 128 * 64 + 8 * 64 + 2368 * 1024);
+        assert_eq!(std::mem::size_of::<Kept>(), 576 + 64 * super::super::kept::RECORDS);
+        assert_eq!(LAYOUT_BYTES, 128 + 128 * 64 + 8 * 64 + 2368 * 1024 + 576 + 64 * 1024);
         assert_eq!(std::mem::offset_of!(Shared, devices) % 64, 0);
     }
 

@@ -94,6 +94,14 @@ pub fn note_context(dev: usize, bytes: u64) {
     }
 }
 
+/// A context measured at most `bytes` on `dev` (a bound, not a size): noted only where no member
+/// measured one yet.
+pub fn note_context_if_none(dev: usize, bytes: u64) {
+    if let (Some(s), Some(e)) = (shared(), entry(dev)) {
+        let _ = s.devices[e].context_bytes.compare_exchange(0, bytes, AcqRel, Acquire);
+    }
+}
+
 /// How long a member waits for another one to measure the group's first context on a device: a
 /// context takes a real driver well under a second to make; a holder stopped longer (a debugger,
 /// SIGSTOP) is not waited for any more, and this member makes its context unreserved.
@@ -237,6 +245,9 @@ pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>,
         s.reclaim(slot, s.slots[slot].word.load(Acquire), std::process::id());
         return Err(why);
     }
+    // Exported memory of ended members that no fd keeps any more goes back as a member joins
+    // (`/proc/locks` is read only when such memory waits for a look).
+    s.sweep_exports(&vramcap_common::group_ledger::kept::proc_locks);
     for (d, &e) in entries.iter().enumerate() {
         ENTRY[d].store(e as u16, Release);
     }
@@ -423,11 +434,34 @@ pub fn release(dev: usize, size: u64) {
 }
 
 /// `size` bytes of this member's charge on `dev` were exported as a shareable handle: memory an
-/// importer may keep alive after this process ends (`shm::Shared::reclaim` keeps it the group's).
+/// fd or an importer may keep alive after this process ends (`shm::Shared::reclaim` keeps it the
+/// group's, `group_ledger::kept` decides when it goes).
 pub fn exported(dev: usize, size: u64) {
     let (Some(s), Some(e)) = (shared(), entry(dev)) else { return };
     if let Some(slot) = my_slot(s) {
         s.exported(slot, e, size);
+    }
+}
+
+/// A new id for an exported allocation (its exports' lock byte, `group_ledger::kept`); `None`
+/// outside a group.
+pub fn new_export_id() -> Option<u64> {
+    shared().map(|s| s.new_export_id())
+}
+
+/// Records an export of this member's allocation `id` (`size` bytes on `dev`, 0 for one more
+/// export of it) whose exported file is `file` (device, inode) locked at the id's byte; `None`:
+/// not watched (its allocation is never given back without an operator). False: not recorded.
+pub fn record_export(dev: usize, size: u64, id: u64, file: Option<(u64, u64)>) -> bool {
+    let (Some((s, slot)), Some(e)) = (me(), entry(dev)) else { return false };
+    let (d, ino) = file.unwrap_or((0, 0));
+    s.record_export(slot, e, size, d, ino, id, file.is_none())
+}
+
+/// An export of allocation `id` could not be watched or recorded: none of its records is swept.
+pub fn export_unsure(id: u64) {
+    if let Some((s, slot)) = me() {
+        s.export_unsure(slot, id);
     }
 }
 
@@ -443,6 +477,20 @@ pub fn import_began() {
 pub fn import_ended() {
     if let Some((s, slot)) = me() {
         s.import_ended(slot);
+    }
+}
+
+/// This member holds one more import of the group's exported allocation `id` (`group_ledger::kept`);
+/// false: not recorded (count it with [`import_began`]).
+pub fn import_of(id: u64) -> bool {
+    let Some(s) = shared() else { return false };
+    my_slot(s).is_some_and(|slot| s.import_of(slot, id))
+}
+
+/// This member no longer holds that import.
+pub fn import_of_ended(id: u64) {
+    if let Some((s, slot)) = me() {
+        s.import_of_ended(slot, id);
     }
 }
 

@@ -53,11 +53,16 @@ pub(super) fn release_contexts(api: Hook, ctxs: &[u64]) {
     if ctxs.iter().all(|&c| c == 0) {
         return;
     }
-    for (_, key, c) in ledger::drain(&CONTEXT_OWNED, |c| c.ctx != 0 && ctxs.contains(&c.ctx)) {
+    // Under the managed table's lock: no prefetch has shares of these contexts out meanwhile.
+    let drained = super::managed::locked(|t| {
+        let d = ledger::drain(&CONTEXT_OWNED, |c| c.ctx != 0 && ctxs.contains(&c.ctx));
+        super::managed::contexts_ended(t, ctxs);
+        d
+    });
+    for (_, key, c) in drained {
         ledger::release(c.dev as usize, c.size);
         emit(Op::Free, api, c.dev as i32, key, c.size, Timed::instant(CUDA_SUCCESS), ledger::used(c.dev as usize));
     }
-    super::managed::contexts_ended(ctxs);
 }
 
 /// After the driver ended these contexts.
@@ -82,10 +87,14 @@ pub(super) fn rekey(from: u64, to: u64) {
     if from == 0 || to == 0 {
         return;
     }
-    for (kind, key, c) in ledger::drain(&CONTEXT_OWNED, |c| c.ctx == from) {
-        ledger::insert(kind, key, ledger::Charge { ctx: to, ..c });
-    }
-    super::managed::rekey(from, to);
+    // Under the managed table's lock: a prefetch in flight could otherwise put a share back under
+    // `from` after this pass (a handle the driver may give out again).
+    super::managed::locked(|t| {
+        for (kind, key, c) in ledger::drain(&CONTEXT_OWNED, |c| c.ctx == from) {
+            ledger::insert(kind, key, ledger::Charge { ctx: to, ..c });
+        }
+        super::managed::rekey(t, from, to);
+    });
 }
 
 /// Charges of a context that the coming driver call will end, taken out before the call: the
@@ -96,7 +105,7 @@ fn ending(ctxs: &[u64]) -> Vec<(Kind, u64, ledger::Charge)> {
     if ctxs.iter().all(|&c| c == 0) {
         return Vec::new();
     }
-    let taken = ledger::drain(&CONTEXT_OWNED, |c| c.ctx != 0 && ctxs.contains(&c.ctx));
+    let taken = super::managed::locked(|_| ledger::drain(&CONTEXT_OWNED, |c| c.ctx != 0 && ctxs.contains(&c.ctx)));
     for (_, _, c) in &taken {
         ledger::uncommit(c.dev as usize, c.size);
     }
@@ -188,9 +197,11 @@ fn begin_context(api: Hook, dev: CUdevice) -> Option<Option<(overhead::Probe, u6
     if d >= ledger::MAX_DEVICES || super::init::ensure_limits().is_err() {
         return Some(None);
     }
-    // The books first, then the reservation: a reading must not count our own.
+    // The size to reserve first (it may wait for another member's first context), then the books,
+    // then the reservation: a reading must count neither that context nor our own reservation.
+    let est = guarded(0, || overhead::context_estimate(d));
     let probe = guarded_probe(d);
-    match guarded(Ok(0), || overhead::reserve_context(api, d)) {
+    match guarded(Err(CUDA_ERROR_OUT_OF_MEMORY), || overhead::reserve_context(api, d, est)) {
         Ok(reserved) => match probe {
             Some(p) => Some(Some((p, reserved))),
             None => {
@@ -229,16 +240,20 @@ fn finish_measured(api: Hook, probe: &overhead::Probe, reserved: u64, ctx: u64, 
         return true;
     }
     guarded(true, || {
-        let bytes = match overhead::measured(probe, reserved) {
-            Some(b) => b.clamp(0, u64::MAX as i128) as u64,
+        let (bytes, exact) = match overhead::measured_spanning(probe, reserved) {
+            // A prefetch completed while the context was made moved the books by an amount the
+            // measurement cannot tell from the context's own (attack24): the size last measured
+            // (reserved) when there is one, else the larger bound.
+            Some(m) if m.unsure > 0 && reserved > 0 => (reserved, false),
+            Some(m) => ((m.bytes + m.unsure as i128).clamp(0, u64::MAX as i128) as u64, m.exact),
             None => {
                 unmeasured(d);
-                reserved
+                (reserved, false)
             }
         };
-        let fits = overhead::charge(api, ctx, d, bytes, reserved, true).is_ok();
-        if fits && super::libraries::any_loaded() {
-            // Made with a copy of every loaded library, and so with its heap (measured above).
+        let fits = overhead::charge_as(api, ctx, d, bytes, reserved, true, exact).is_ok();
+        if fits && super::libraries::copies_for_a_new_context() > 0 {
+            // Made with a copy of every loaded library (eager loading), and so with its heap.
             overhead::note_heap(ctx);
         }
         fits
@@ -432,9 +447,11 @@ unsafe fn reset(api: Hook, f: unsafe extern "C" fn(CUdevice) -> CUresult, dev: C
     let serial = serial();
     let ctxs = guarded(Vec::new(), || super::green::with_primary(dev, primary_of(dev)));
     let ctx = ctxs.first().copied().unwrap_or(0);
-    let taken = guarded(Vec::new(), || ending(&ctxs));
-    // A reset gives back what modules and limits took (the context itself stays retained).
+    // A reset gives back what modules and limits took (the context itself stays retained): the
+    // books read before the context's allocations stop counting as held (`ending`), while the
+    // counts are quiet; their frees are then in both the books and the counts.
     let probe = usize::try_from(dev).ok().filter(|&d| d < ledger::MAX_DEVICES).and_then(guarded_probe);
+    let taken = guarded(Vec::new(), || ending(&ctxs));
     let rc = unsafe { f(dev) };
     guarded((), || {
         ending_done(api, &ctxs, taken, rc == CUDA_SUCCESS, false);

@@ -146,6 +146,20 @@ fn settle(dev: usize, reservation: u64) -> i64 {
     now as i64 - old as i64
 }
 
+/// What `dev`'s graph memory reserves by the driver's word, and its charge (see
+/// `pool_table::reserved_vs_charged`: a trim in the driver, settled only after the call).
+pub fn reserved_vs_charged(dev: usize) -> (u64, u64) {
+    if !SEEN.load(Ordering::Acquire) {
+        return (0, 0);
+    }
+    let (Some(f), Some(cell)) = (import::cuDeviceGetGraphMemAttribute(), CHARGED.get(dev)) else { return (0, 0) };
+    let _g = SETTLE.lock();
+    let charged = cell.load(Ordering::Acquire);
+    let mut now: u64 = 0;
+    let rc = unsafe { f(dev as CUdevice, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, (&mut now as *mut u64).cast::<c_void>()) };
+    (if rc == CUDA_SUCCESS { now } else { charged }, charged)
+}
+
 fn devices(dev: Option<usize>) -> std::ops::Range<usize> {
     match dev {
         Some(d) => d..d + 1,

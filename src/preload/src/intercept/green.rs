@@ -61,9 +61,11 @@ pub unsafe fn create(g: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice,
     // notes no context size: a member waiting on it makes its own next, one at a time).
     let _settle = overhead::Settle(d);
     let had_primary = guarded(true, || context::primary_active(dev));
-    // The books first, then the reservations: a reading must not count our own.
+    // The primary context's size first (it may wait for another member's), then the books, then
+    // the reservations: a reading must count neither that context nor our own reservation.
+    let est = if had_primary { 0 } else { guarded(0, || overhead::context_estimate(d)) };
     let probe = guarded(None, || Some(overhead::probe(d)));
-    let primary = if had_primary { Ok(0) } else { guarded(Err(CUDA_ERROR_OUT_OF_MEMORY), || overhead::reserve_context(api, d)) };
+    let primary = guarded(Err(CUDA_ERROR_OUT_OF_MEMORY), || overhead::reserve_context(api, d, est));
     let Ok(primary) = primary else { return CUDA_ERROR_OUT_OF_MEMORY };
     let own = LAST_GREEN[d].load(Ordering::Acquire);
     if own > 0
@@ -87,8 +89,14 @@ pub unsafe fn create(g: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice,
         // A handle left charged was a green context destroyed unseen: its memory is gone.
         overhead::context_ended(api, handle);
         let ok = overhead::charge(api, handle, d, bytes, reserved, false).is_ok();
-        if ok && had_primary {
-            LAST_GREEN[d].store(bytes, Ordering::Release);
+        if had_primary {
+            if ok {
+                LAST_GREEN[d].store(bytes, Ordering::Release);
+            }
+        } else {
+            // The primary context and the green one in one measurement: the next create that
+            // makes the primary reserves that much before the driver is called.
+            overhead::note_primary_with_green(d, bytes);
         }
         ok
     });

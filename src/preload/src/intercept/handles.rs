@@ -11,8 +11,9 @@
 //! A shareable handle (`cuMemExportToShareableHandle`) is a reference too, released wherever it
 //! was imported, which this process cannot see: an exported allocation is never ended here, and
 //! its charge stays for the life of the process. In a group its bytes are marked exported in the
-//! member's slot, so that when this process ends they stay the group's while another member holds
-//! an import (`shm::Shared::reclaim`). A handle imported from another process (`foreign`) is
+//! member's slot and each export is recorded with its locked file (`shareable`), so that when this
+//! process ends they stay the group's while an fd of them is open anywhere or another member holds
+//! an import (`group_ledger::kept`). A handle imported from another process (`foreign`) is
 //! charged nowhere here (its exporter is charged), but its lifetime is followed the same way
 //! (references and mappings): while it lasts, this member holds an import.
 //!
@@ -36,6 +37,8 @@ use std::collections::{BTreeMap, HashMap};
 /// Ledger keys of allocations whose handle is released while still mapped (handles are driver
 /// pointers, far below this bit).
 const ORPHAN: u64 = 1 << 63;
+/// `Alloc::export_id` of an allocation not watched (outside a group, or unwatchable).
+const UNWATCHED: u64 = u64::MAX;
 
 #[derive(Clone, Copy, Debug)]
 struct Alloc {
@@ -51,6 +54,10 @@ struct Alloc {
     pending: u32,
     /// Exported as a shareable handle: alive for the life of the process.
     exported: bool,
+    /// In a group, the id its exports lock (`shareable`): 0 none yet, [`UNWATCHED`] an export of
+    /// it could not be watched or recorded (the group keeps it until an operator drops it). For a
+    /// `foreign` allocation: the group's id of the allocation it imports (0: unknown).
+    export_id: u64,
     /// Imported from another process's shareable handle: no charge here; its end is the end of
     /// one of this group member's imports.
     foreign: bool,
@@ -186,7 +193,7 @@ impl Table {
 fn charge_off(api: Hook, t: Timed, gone: Vec<Ending>) {
     for e in gone {
         if e.alloc.foreign {
-            crate::group::import_ended();
+            end_import(if e.alloc.export_id != 0 { Counted::Of(e.alloc.export_id) } else { Counted::Unknown });
         }
         if let Some(c) = e.charge {
             if e.uncommitted {
@@ -205,7 +212,7 @@ pub fn created(handle: u64) -> u64 {
     with(|t| {
         t.next += 1;
         let id = t.next;
-        t.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, foreign: false });
+        t.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, export_id: 0, foreign: false });
         t.bind(handle, id, &mut gone);
     });
     charge_off(Hook::cuMemCreate, Timed::instant(CUDA_SUCCESS), gone);
@@ -313,26 +320,54 @@ pub fn export_begin(handle: u64) -> Option<u64> {
 }
 
 /// After the export: a shared allocation is never ended (its charge stays); a refused export
-/// changes nothing.
-pub fn export_end(id: Option<u64>, t: Timed) {
+/// changes nothing. In a group, `watch(id)` locks the exported fd at the allocation's id
+/// (`shareable::watch`) and the export is recorded in the group's ledger, so that the group keeps
+/// the memory after this process ends as long as an fd of it is open anywhere.
+pub fn export_end(id: Option<u64>, t: Timed, watch: impl FnOnce(u64) -> Option<(u64, u64)>) {
     let Some(id) = id else { return };
     let mut gone = Vec::new();
-    let mut first = None;
+    let mut marked = None;
     with(|tb| {
         if let Some(a) = tb.allocs.get_mut(&id) {
             a.pending -= 1;
-            if t.rc == CUDA_SUCCESS && !a.exported && !a.foreign {
+            if t.rc == CUDA_SUCCESS && !a.foreign {
+                // Its first export: from now on it may outlive this process.
+                let first = !a.exported;
                 a.exported = true;
-                first = ledger::peek(Kind::VmmHandle, a.key);
+                // The id is taken under the table's lock: concurrent exports of one allocation
+                // share it (one atomic add in the ledger, no I/O).
+                if a.export_id == 0 {
+                    a.export_id = crate::group::new_export_id().unwrap_or(UNWATCHED);
+                }
+                marked = ledger::peek(Kind::VmmHandle, a.key).map(|c| (c, first, a.export_id));
             }
         }
         tb.end_if_dead(id, &mut gone);
     });
-    // Its first export: from now on it may outlive this process.
-    if let Some(c) = first {
-        crate::group::exported(c.dev as usize, c.size);
+    if let Some((c, first, xid)) = marked {
+        let (dev, size) = (c.dev as usize, if first { c.size } else { 0 });
+        crate::group::exported(dev, size);
+        if xid != UNWATCHED {
+            record(id, xid, dev, size, watch(xid));
+        }
     }
     charge_off(Hook::cuMemExportToShareableHandle, t, gone);
+}
+
+/// Records one export of allocation `id` (group id `xid`). One that cannot be watched or recorded
+/// makes the whole allocation undecidable; so does one recorded while another export of it found
+/// that meanwhile (the table's lock orders the two: one of them sees the other).
+fn record(id: u64, xid: u64, dev: usize, size: u64, file: Option<(u64, u64)>) {
+    let recorded = crate::group::record_export(dev, size, xid, file);
+    let unsure = if !recorded || file.is_none() {
+        with(|tb| tb.allocs.get_mut(&id).map(|a| a.export_id = UNWATCHED));
+        true
+    } else {
+        with(|tb| tb.allocs.get(&id).is_some_and(|a| a.export_id == UNWATCHED))
+    };
+    if unsure {
+        crate::group::export_unsure(xid);
+    }
 }
 
 /// What `unmap_begin` changed, undone by a failed call.
@@ -423,21 +458,45 @@ fn add_ref(t: &mut Table, handle: u64) {
     }
 }
 
-/// Before `cuMemImportFromShareableHandle`: in a group the import counts as one this member
-/// holds from before the driver call on (an exporter ending meanwhile must see it), until
+/// How this member counts an import in flight: not at all (outside a group), as one import of
+/// unknown origin, or as an import of the group's exported allocation `id` (`group_ledger::kept`:
+/// it keeps that allocation alone charged).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counted {
+    No,
+    Unknown,
+    Of(u64),
+}
+
+/// Before `cuMemImportFromShareableHandle` of a handle exported from allocation `from` (as its
+/// fd's lock says, `shareable::imported_id`): in a group, this member counts the import it may
+/// hold from before the driver call on (an exporter ending meanwhile must see it), until
 /// [`import_end`] finds it was none.
-pub fn import_begin() -> bool {
-    let counted = crate::group::active();
-    if counted {
-        crate::group::import_began();
+pub fn import_begin(from: Option<u64>) -> Counted {
+    if !crate::group::active() {
+        return Counted::No;
     }
-    counted
+    if let Some(id) = from
+        && crate::group::import_of(id)
+    {
+        return Counted::Of(id);
+    }
+    crate::group::import_began();
+    Counted::Unknown
+}
+
+fn end_import(c: Counted) {
+    match c {
+        Counted::No => {}
+        Counted::Unknown => crate::group::import_ended(),
+        Counted::Of(id) => crate::group::import_of_ended(id),
+    }
 }
 
 /// After the import: a handle of ours (exported by this very process) gains a reference; any
 /// other is memory another process is charged for, followed (in a group) as one of this member's
 /// imports until its last reference and mapping go.
-pub fn import_end(counted: bool, handle: impl FnOnce() -> u64, t: Timed) {
+pub fn import_end(counted: Counted, handle: impl FnOnce() -> u64, t: Timed) {
     let mut gone = Vec::new();
     let foreign = t.rc == CUDA_SUCCESS
         && with(|tb| {
@@ -446,17 +505,18 @@ pub fn import_end(counted: bool, handle: impl FnOnce() -> u64, t: Timed) {
                 add_ref(tb, handle);
                 return false;
             }
-            if !counted {
+            if counted == Counted::No {
                 return false;
             }
             tb.next += 1;
             let id = tb.next;
-            tb.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, foreign: true });
+            let from = if let Counted::Of(x) = counted { x } else { 0 };
+            tb.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, export_id: from, foreign: true });
             tb.bind(handle, id, &mut gone);
             true
         });
-    if counted && !foreign {
-        crate::group::import_ended();
+    if !foreign {
+        end_import(counted);
     }
     charge_off(Hook::cuMemImportFromShareableHandle, t, gone);
 }

@@ -37,7 +37,8 @@ struct Share {
     /// The device's one context at the load, or 0: charged to no context.
     owner: u64,
     bytes: u64,
-    /// The image's globals times the contexts it was loaded into.
+    /// What was reserved and is charged at least: the image's globals times the contexts it was
+    /// loaded into, and the current context's heap and FIFO when the load brings them.
     globals: u64,
     /// The contexts on the device at the load.
     ctxs: Vec<u64>,
@@ -46,10 +47,34 @@ struct Share {
 /// Loaded libraries (taken only under `context::serial()`).
 static LIBRARIES: Lock<Option<HashMap<u64, Vec<Share>>>> = Lock::new(None);
 
-/// Whether a library is loaded: a context made now gets a copy of each (eager loading), and the
-/// heap and FIFO with the first.
-pub(super) fn any_loaded() -> bool {
-    LIBRARIES.lock().as_ref().is_some_and(|m| !m.is_empty())
+/// The globals of one copy of each loaded library (taken only under `context::serial()`): what
+/// a context made while it is loaded gets (eager loading), whether or not a context existed at
+/// the load.
+static IMAGES: Lock<Option<HashMap<u64, u64>>> = Lock::new(None);
+
+/// What a context made now takes for the loaded libraries: a copy of each (its globals) with
+/// eager loading, nothing with lazy loading (a copy is made at first use, unseen).
+pub(super) fn copies_for_a_new_context() -> u64 {
+    if !eager_loading() {
+        return 0;
+    }
+    IMAGES.lock().as_ref().map_or(0, |m| m.values().fold(0, |a, &b| a.saturating_add(b)))
+}
+
+/// Whether libraries load into every context at once (`CUDA_MODULE_LOADING=EAGER`) or into a
+/// context at a function's first use (`LAZY`). Unset, the driver's default: lazy from CUDA 12.2
+/// on, eager before (and where the driver cannot say its version: eager, the larger estimate).
+pub(super) fn eager_loading() -> bool {
+    static EAGER: once_cell::sync::OnceCell<bool> = once_cell::sync::OnceCell::new();
+    *EAGER.get_or_init(|| match std::env::var("CUDA_MODULE_LOADING").ok().as_deref() {
+        Some("EAGER") => true,
+        Some("LAZY") => false,
+        _ => {
+            let mut v = 0;
+            let known = import::cuDriverGetVersion().is_some_and(|f| unsafe { f(&mut v) } == CUDA_SUCCESS);
+            !known || v < 12020
+        }
+    })
 }
 
 /// The device of a context; `None` where the driver cannot say (before CUDA 13: no
@@ -104,6 +129,7 @@ fn load(api: Hook, out: *mut CUlibrary, globals: impl FnOnce() -> u64, call: imp
         return e.code();
     }
     let globals = guarded(0, globals);
+    let eager = eager_loading();
     // Before the call: on each device with a context, the books, and the image's globals per
     // context reserved (books first: a reading must not count our own reservation).
     let mut before: Vec<(Share, Option<overhead::Probe>)> = Vec::new();
@@ -113,7 +139,13 @@ fn load(api: Hook, out: *mut CUlibrary, globals: impl FnOnce() -> u64, call: imp
             continue;
         }
         let probe = guarded(None, || Some(overhead::probe(dev)));
-        let want = globals.saturating_mul(ctxs.len() as u64);
+        // Eagerly loaded, the first copy in a context brings its heap and FIFO too: reserved for
+        // the current context, whose sizes `cuCtxGetLimit` can tell (the others' are measured).
+        let heap = match super::current() {
+            Some((d, c)) if d == dev && eager && ctxs.contains(&c) => super::modules::heap_estimate(c),
+            _ => 0,
+        };
+        let want = globals.saturating_mul(ctxs.len() as u64).saturating_add(heap);
         if want > 0
             && let Err(e) = guarded(Err(CUDA_ERROR_OUT_OF_MEMORY), || overhead::reserve(api, dev, want))
         {
@@ -128,8 +160,11 @@ fn load(api: Hook, out: *mut CUlibrary, globals: impl FnOnce() -> u64, call: imp
         before.iter().for_each(|(s, _)| ledger::unreserve(s.dev, s.globals));
         return rc;
     }
-    // Loaded into each of them (eager loading), even if undone below: their heaps are taken.
-    guarded((), || before.iter().flat_map(|(s, _)| &s.ctxs).filter(|&&c| c != 0).for_each(|&c| overhead::note_heap(c)));
+    // Loaded eagerly into each of them, even if undone below: their heaps are taken. Lazily, into
+    // none yet: a module loaded next still brings its context's heap.
+    if eager {
+        guarded((), || before.iter().flat_map(|(s, _)| &s.ctxs).filter(|&&c| c != 0).for_each(|&c| overhead::note_heap(c)));
+    }
     let lib = unsafe { *out } as u64;
     let mut shares = Vec::new();
     let mut refused = false;
@@ -153,6 +188,7 @@ fn load(api: Hook, out: *mut CUlibrary, globals: impl FnOnce() -> u64, call: imp
     }
     guarded((), || {
         LIBRARIES.lock().get_or_insert_with(HashMap::new).insert(lib, shares.into_iter().map(|(s, _)| s).collect());
+        IMAGES.lock().get_or_insert_with(HashMap::new).insert(lib, globals);
     });
     drop(uses);
     rc
@@ -222,6 +258,11 @@ pub unsafe fn unload(lib: CUlibrary) -> CUresult {
     let shares = guarded(None, || LIBRARIES.lock().as_mut().and_then(|m| m.remove(&key))).unwrap_or_default();
     let probes: Vec<_> = shares.iter().map(|s| guarded(None, || Some(overhead::probe(s.dev)))).collect();
     let rc = unsafe { f(lib) };
+    if rc == CUDA_SUCCESS {
+        guarded((), || {
+            IMAGES.lock().as_mut().map(|m| m.remove(&key));
+        });
+    }
     if rc != CUDA_SUCCESS {
         guarded((), || {
             if !shares.is_empty() {

@@ -34,21 +34,34 @@ pub fn place(l: CUmemLocation) -> Place {
     }
 }
 
-/// Refuses a location of unknown type before the driver sees it, saying why once.
+/// Refuses a location vramcap cannot place before the driver sees it, saying why once: a device
+/// location whose id is no device ordinal (the driver's `CUDA_ERROR_INVALID_DEVICE`; −1 is the
+/// host only as v1's `CUdevice`, `CU_DEVICE_CPU`), or a type of unknown memory.
 #[cold]
 pub fn refuse(api: Hook, l: CUmemLocation) -> CUresult {
-    static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
+    static SAID: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+    let device = l.type_ == CU_MEM_LOCATION_TYPE_DEVICE;
+    let rc = if device { CUDA_ERROR_INVALID_DEVICE } else { CUDA_ERROR_INVALID_VALUE };
+    if !SAID[device as usize].swap(true, Ordering::Relaxed) {
         super::guarded((), || {
-            crate::log::write_line(&format!(
-                "vramcap: {} refused (CUDA_ERROR_INVALID_VALUE): memory location type {} (id {}) is not one \
-                 vramcap can place; expected a device (1), a host type (2, 3, 4) or a device locality domain (6)",
-                crate::hooks::info(api).name,
-                l.type_,
-                l.id
-            ))
+            let name = crate::hooks::info(api).name;
+            crate::log::write_line(&if device {
+                format!(
+                    "vramcap: {name} refused (CUDA_ERROR_INVALID_DEVICE): memory location type 1 (a device) with id {} \
+                     names no device: a device location's id is a device ordinal, 0 or more (-1 means the host, \
+                     CU_DEVICE_CPU, only as the device argument of cuMemPrefetchAsync v1); for the host give \
+                     location type 2 (CU_MEM_LOCATION_TYPE_HOST)",
+                    l.id
+                )
+            } else {
+                format!(
+                    "vramcap: {name} refused (CUDA_ERROR_INVALID_VALUE): memory location type {} (id {}) is not one \
+                     vramcap can place; expected a device (1), a host type (2, 3, 4) or a device locality domain (6)",
+                    l.type_, l.id
+                )
+            })
         });
     }
-    emit(Op::Fail, api, -1, 0, 0, Timed::instant(CUDA_ERROR_INVALID_VALUE), 0);
-    CUDA_ERROR_INVALID_VALUE
+    emit(Op::Fail, api, -1, 0, 0, Timed::instant(rc), 0);
+    rc
 }

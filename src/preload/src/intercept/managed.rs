@@ -39,7 +39,7 @@ const CU_DEVICE_CPU: CUdevice = -1;
 /// Devices a unit's mask can name (one bit each).
 const MASK_DEVICES: usize = 64;
 
-struct Alloc {
+pub(super) struct Alloc {
     size: u64,
     home: usize,
     ctx: u64,
@@ -137,23 +137,27 @@ pub fn free(api: Hook, base: u64, call: impl FnOnce() -> CUresult) -> CUresult {
     t.rc
 }
 
-/// The driver ended these contexts, and with them their managed memory (the ledger's shares were
-/// drained): forget the allocations, whose addresses the driver may hand out again.
-pub(super) fn contexts_ended(ctxs: &[u64]) {
-    if tracked()
-        && let Some(t) = TABLE.lock().as_mut()
-    {
-        t.retain(|_, a| a.ctx == 0 || !ctxs.contains(&a.ctx));
-    }
+/// Runs `f` on the allocation table, locked. A prefetch takes an allocation's shares out of the
+/// ledger and puts them back while it holds this lock, so a context's end or hand-over must pass
+/// over the ledger's context-owned charges under it too: outside it, the pass can miss shares a
+/// prefetch has out at that moment, which it then puts back under the old context handle.
+pub(super) fn locked<R>(f: impl FnOnce(&mut BTreeMap<u64, Alloc>) -> R) -> R {
+    install_fork_handlers();
+    let mut g = TABLE.lock();
+    f(g.get_or_insert_with(BTreeMap::new))
 }
 
-/// The shares of `from` now belong to `to` (`context::rekey`): so do its allocations.
-pub(super) fn rekey(from: u64, to: u64) {
-    if tracked()
-        && let Some(t) = TABLE.lock().as_mut()
-    {
-        t.values_mut().filter(|a| a.ctx == from).for_each(|a| a.ctx = to);
-    }
+/// The driver ended these contexts, and with them their managed memory (the ledger's shares were
+/// drained, under [`locked`]): forget the allocations, whose addresses the driver may hand out
+/// again.
+pub(super) fn contexts_ended(t: &mut BTreeMap<u64, Alloc>, ctxs: &[u64]) {
+    t.retain(|_, a| a.ctx == 0 || !ctxs.contains(&a.ctx));
+}
+
+/// The shares of `from` now belong to `to` (`context::rekey`, under [`locked`]): so do its
+/// allocations.
+pub(super) fn rekey(t: &mut BTreeMap<u64, Alloc>, from: u64, to: u64) {
+    t.values_mut().filter(|a| a.ctx == from).for_each(|a| a.ctx = to);
 }
 
 /// Where one prefetch sends its range.
@@ -333,6 +337,11 @@ fn prefetch(api: Hook, moves: &[Move], call: impl FnOnce() -> CUresult) -> CUres
         Ok(p) => p,
         Err(rc) => return rc,
     };
+    // The books move with the pages, vramcap's counts do not (a managed allocation counts where
+    // its share is, wherever its pages are): a move until settled (`moves`), by up to what it
+    // sends (each range's partial units whole).
+    let unfollowed = moves.iter().fold(0u64, |a, m| a.saturating_add(m.len).saturating_add(2 * UNIT));
+    let _moving = super::moves::Moving::on(None, unfollowed);
     let t = timed(call);
     let ok = t.rc == CUDA_SUCCESS;
     guarded((), || settle(table, p, ok));
@@ -569,5 +578,26 @@ mod tests {
         assert_eq!((ledger::charged(other), ledger::used(other)), (0, 0), "what moved went with the context");
         assert_eq!(ledger::take(Kind::Managed, key(base, other)), None, "no share outlives the context");
         ledger::release(home, MIB);
+    }
+
+    /// A green context destroyed while a prefetch of its memory is in flight (the prefetch holds
+    /// the table and has the share out of the ledger) hands every share to the primary context:
+    /// none is left under the old handle, which the driver may give out again.
+    #[test]
+    fn a_hand_over_racing_a_prefetch_leaves_no_share_under_the_old_handle() {
+        // Device 61 is this test's.
+        let (home, green, primary, base) = (61, 0x6_0001, 0x6_0002, 0x7300_0000_0000);
+        ledger::insert(Kind::Managed, key(base, home), Charge { dev: home as u16, size: 2 * MIB, ctx: green });
+        let mut held = TABLE.lock();
+        held.get_or_insert_with(BTreeMap::new).insert(base, Alloc { size: 2 * MIB, home, ctx: green, units: None });
+        let share = ledger::take(Kind::Managed, key(base, home)).unwrap();
+        let hand_over = std::thread::spawn(move || super::super::context::rekey(green, primary));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        ledger::insert(Kind::Managed, key(base, home), share);
+        drop(held);
+        hand_over.join().unwrap();
+        assert_eq!(ledger::take(Kind::Managed, key(base, home)).map(|c| c.ctx), Some(primary));
+        let a = TABLE.lock().as_mut().unwrap().remove(&base).unwrap();
+        assert_eq!(a.ctx, primary);
     }
 }

@@ -136,7 +136,7 @@ pub(super) fn image_globals(image: *const c_void) -> u64 {
         let off = usize::try_from(off).ok()?;
         Some(unsafe { std::slice::from_raw_parts((image as *const u8).add(off), len) }.to_vec())
     };
-    overhead::elf_globals_in(&read).unwrap_or(0)
+    super::cubin::elf_globals_in(&read).unwrap_or(0)
 }
 
 /// The globals of a module file, read with `pread` (headers only).
@@ -151,7 +151,7 @@ pub(super) fn file_globals(fname: *const c_char) -> u64 {
         let mut buf = vec![0u8; len];
         f.read_exact_at(&mut buf, off).ok().map(|()| buf)
     };
-    overhead::elf_globals_in(&read).unwrap_or(0)
+    super::cubin::elf_globals_in(&read).unwrap_or(0)
 }
 
 pub unsafe fn load_file(module: *mut CUmodule, fname: *const c_char) -> CUresult {

@@ -205,6 +205,7 @@ unsafe fn alloc(
         }
         Plan::Forward => call(),
         Plan::Go { slot, pool, dev, reserved } => {
+            table::reserving(dev, reserved);
             let t = timed(call);
             guarded((), || {
                 table::settle(pool, reserved);
@@ -237,6 +238,10 @@ fn free(api: Hook, ptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresul
         return call();
     }
     let taken = guarded(None, || ledger::take(Kind::AsyncPtr, ptr));
+    // A destroyed pool's last allocation: the driver gives the pool's memory back in this call,
+    // its charge goes after (`moves`). Any free of an orphan's is marked (one load for the rest).
+    let orphan = |c: &Charge| table::by_tag(c.ctx).is_some_and(table::is_orphan);
+    let _moving = taken.filter(orphan).map(|c| super::moves::Moving::on(Some(c.dev as usize), 0));
     // Stamped when the call began, as `charge::free` does: once the driver has the free, another
     // thread can be handed the same address, and its allocation must not come out earlier.
     let t = begun(timed(call));
@@ -453,6 +458,8 @@ pub unsafe fn destroy(pool: CUmemoryPool) -> CUresult {
         let rc = unsafe { f(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, (&mut used as *mut u64).cast()) };
         Some((p, (rc == CUDA_SUCCESS).then_some(used)))
     });
+    // A pool with nothing live gives its memory back in the call, its charge goes after (`moves`).
+    let _moving = before.as_ref().and_then(|(p, _)| p.device()).map(|d| super::moves::Moving::on(Some(d), 0));
     let rc = unsafe { f(pool) };
     if rc == CUDA_SUCCESS {
         guarded((), || {

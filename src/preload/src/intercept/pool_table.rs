@@ -198,6 +198,7 @@ pub fn settle(p: &Pool, reservation: u64) -> i64 {
     let (Some(handle), Some(dev)) = (p.handle(), p.device()) else {
         if let Some(dev) = p.device() {
             ledger::unreserve(dev, reservation);
+            reserved_done(dev, reservation);
         }
         return 0;
     };
@@ -205,11 +206,56 @@ pub fn settle(p: &Pool, reservation: u64) -> i64 {
     let Some(now) = attribute(handle, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) else {
         p.charged.fetch_add(reservation, Ordering::AcqRel);
         ledger::commit(dev, reservation);
+        reserved_done(dev, reservation);
         return reservation as i64;
     };
     let old = p.charged.swap(now, Ordering::AcqRel);
     ledger::settle(dev, old, now, reservation);
+    // After the ledger, under the lock: a reading never sees the reservation gone from both.
+    if reservation > 0 {
+        reserved_done(dev, reservation);
+    }
     now as i64 - old as i64
+}
+
+/// Per device, bytes reserved for stream-ordered allocations whose pools are not settled yet
+/// (from the allocation's reservation until [`settle`] moved the ledger for it): what of the
+/// ledger's reservations in flight the pools' own reading (`reserved_vs_charged`) accounts for.
+static RESERVING: [AtomicU64; ledger::MAX_DEVICES] = [const { AtomicU64::new(0) }; ledger::MAX_DEVICES];
+
+/// A stream-ordered allocation reserved `bytes` on `dev` and goes to the driver.
+pub fn reserving(dev: usize, bytes: u64) {
+    if let Some(r) = RESERVING.get(dev) {
+        r.fetch_add(bytes, Ordering::AcqRel);
+    }
+}
+
+fn reserved_done(dev: usize, bytes: u64) {
+    if let Some(r) = RESERVING.get(dev) {
+        let _ = r.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(bytes)));
+    }
+}
+
+/// What the pools on `dev` reserve by the driver's word, and what vramcap charges for them, summed.
+/// They differ while a pool the driver trimmed (at a synchronize, `cuMemPoolTrimTo`, pressure
+/// relief) or grew is not settled yet: the overhead measurement counts the driver's word, not the
+/// charge (`overhead::quiet_read_with`). Under the settle lock, so no settle is half done (charge
+/// swapped, ledger not moved yet). A pool the driver cannot tell about counts as charged.
+/// Third: what [`reserving`] says is in flight for them.
+pub fn reserved_vs_charged(dev: usize) -> (u64, u64, u64) {
+    if !any() {
+        return (0, 0, 0);
+    }
+    let _g = SETTLE.lock();
+    let (d, c) = slots().fold((0u64, 0u64), |(d, c), (_, p)| match (p.handle(), p.device()) {
+        (Some(h), Some(pd)) if pd == dev => {
+            let charged = p.charged();
+            let driver = attribute(h, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(charged);
+            (d.saturating_add(driver), c.saturating_add(charged))
+        }
+        _ => (d, c),
+    });
+    (d, c, RESERVING.get(dev).map_or(0, |r| r.load(Ordering::Acquire)))
 }
 
 /// Whether any pool was ever registered (lets synchronizes skip the scan).

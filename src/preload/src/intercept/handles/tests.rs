@@ -97,7 +97,7 @@ fn an_exported_allocation_stays_charged_after_release_and_unmap() {
     map(h, a, 10);
     let id = export_begin(h);
     assert!(id.is_some());
-    export_end(id, OK);
+    export_end(id, OK, |_| None);
     release(h, OK);
     unmap(a, 10, OK);
     let id = id.unwrap();
@@ -110,7 +110,7 @@ fn an_exported_allocation_stays_charged_after_release_and_unmap() {
     // A refused export pins nothing.
     create_on(KEPT, g, 5);
     let id = export_begin(g);
-    export_end(id, FAIL);
+    export_end(id, FAIL, |_| None);
     release(g, OK);
     assert!(!held(g) && with(|t| !t.allocs.contains_key(&id.unwrap())));
     assert_eq!(ledger::used(KEPT), 100);
@@ -121,7 +121,7 @@ fn an_exported_allocation_stays_charged_after_release_and_unmap() {
     let id = export_begin(x);
     assert!(id.is_some(), "the export must find the allocation while its release is in flight");
     release_end(r, OK);
-    export_end(id, OK);
+    export_end(id, OK, |_| None);
     assert!(held(ORPHAN | id.unwrap()));
     assert_eq!(ledger::used(KEPT), 103);
 }

@@ -1,0 +1,194 @@
+use super::*;
+
+fn held(s: &Shared) -> u64 {
+    s.devices[0].held.load(SeqCst)
+}
+
+fn charge(s: &Shared, i: usize, b: u64) {
+    s.slots[i].charge[0].fetch_add(b, SeqCst);
+    s.devices[0].held.fetch_add(b, SeqCst);
+}
+
+/// Member `i` exports `b` bytes of its charge as allocation `id` (file 1:7).
+fn export(s: &Shared, i: usize, b: u64, id: u64) {
+    s.exported(i, 0, b);
+    assert!(s.record_export(i, 0, b, 1, 7, id, false));
+}
+
+fn end(s: &Shared, i: usize) {
+    assert!(s.reclaim(i, s.slots[i].word.load(SeqCst), 9).is_some());
+}
+
+/// Member `i` ends, and the group looks at the locks: none is held (every fd closed).
+fn end_and_sweep(s: &Shared, i: usize) -> Option<u64> {
+    let r = s.reclaim(i, s.slots[i].word.load(SeqCst), 9);
+    s.sweep_exports(&|| Some(Vec::<Lock>::new()));
+    r
+}
+
+fn lock(id: u64) -> Lock {
+    (1, 7, LOCK_BASE + id)
+}
+
+/// An ended exporter's memory stays the group's while its lock is listed (an fd of it open
+/// somewhere, imported or not), and comes back once it is gone: the charge is not kept for good.
+#[test]
+fn an_ended_exporters_memory_comes_back_when_no_fd_of_it_is_left() {
+    let s = Shared::in_memory("x");
+    let a = s.claim(1, 1, 0).unwrap();
+    charge(&s, a, 300);
+    export(&s, a, 200, 5);
+    end(&s, a);
+    assert_eq!(held(&s), 200, "the exported bytes stay with the exporter gone");
+    assert_eq!(s.sweep_exports(&|| Some(vec![lock(5)])), 0);
+    assert_eq!(held(&s), 200, "an fd of it is still open");
+    assert_eq!(s.kept_exports()[0], KeptBytes { open: 200, unsure: 0, imported: 0 });
+    assert_eq!(s.sweep_exports(&|| None), 0, "unreadable locks decide nothing");
+    // Another allocation's lock, or the same byte of another file, is not this one's.
+    assert_eq!(s.sweep_exports(&|| Some(vec![lock(6), (2, 7, LOCK_BASE + 5)])), 200);
+    assert_eq!((held(&s), s.kept_exports()[0]), (0, KeptBytes::default()));
+}
+
+/// Several exports of one allocation (one id): kept while any of their locks is listed, even one
+/// a live member holds records of; and a record never gives back more than its member kept.
+#[test]
+fn an_allocation_goes_only_when_every_export_of_it_is_closed() {
+    let s = Shared::in_memory("x");
+    let (a, b) = (s.claim(1, 1, 0).unwrap(), s.claim(2, 1, 0).unwrap());
+    charge(&s, a, 100);
+    s.exported(a, 0, 100);
+    assert!(s.record_export(a, 0, 100, 1, 7, 3, false));
+    assert!(s.record_export(a, 0, 0, 1, 8, 3, false));
+    assert!(s.record_export(b, 0, 0, 1, 9, 3, false));
+    end(&s, a);
+    assert_eq!(s.sweep_exports(&|| Some(vec![])), 0, "a live member still has a record of it");
+    end(&s, b);
+    assert_eq!(s.sweep_exports(&|| Some(vec![(1, 8, LOCK_BASE + 3)])), 0, "its second export is open");
+    assert_eq!(s.sweep_exports(&|| Some(vec![])), 100);
+    assert_eq!(held(&s), 0);
+    // Charged 50 (another member holds 70 more), records say 80: only 50 were kept, only 50 go.
+    let (c, d) = (s.claim(3, 1, 0).unwrap(), s.claim(4, 1, 0).unwrap());
+    charge(&s, c, 50);
+    charge(&s, d, 70);
+    s.exported(c, 0, 80);
+    assert!(s.record_export(c, 0, 80, 1, 7, 4, false));
+    end_and_sweep(&s, c);
+    assert_eq!(held(&s), 70, "the other member's charge is untouched");
+}
+
+/// What cannot be watched stays charged, is shown, and goes only when an operator drops it.
+#[test]
+fn an_export_that_cannot_be_watched_stays_until_an_operator_drops_it() {
+    let s = Shared::in_memory("x");
+    let a = s.claim(1, 1, 0).unwrap();
+    charge(&s, a, 300);
+    // Not recorded at all (60), and an allocation one of whose exports could not be watched (100).
+    s.exported(a, 0, 60);
+    export(&s, a, 100, 2);
+    s.export_unsure(a, 2);
+    // One whose fd is still open (40).
+    export(&s, a, 40, 3);
+    end(&s, a);
+    s.sweep_exports(&|| Some(vec![lock(3)]));
+    assert_eq!(held(&s), 200);
+    assert_eq!(s.kept_exports()[0], KeptBytes { open: 40, unsure: 160, imported: 0 });
+    assert_eq!(s.drop_exports(false)[0], 160, "the undecidable ones");
+    assert_eq!((held(&s), s.kept_exports()[0]), (40, KeptBytes { open: 40, unsure: 0, imported: 0 }));
+    assert_eq!(s.drop_exports(true)[0], 40, "and, asked, the open ones");
+    assert_eq!(held(&s), 0);
+}
+
+/// A record not finished when its member died is freed with it; its bytes are unsure.
+#[test]
+fn a_record_its_member_did_not_finish_is_undecidable() {
+    let s = Shared::in_memory("x");
+    let a = s.claim(1, 1, 0).unwrap();
+    charge(&s, a, 100);
+    s.exported(a, 0, 100);
+    let token = holder_token(a, SlotWord::unpack(s.slots[a].word.load(SeqCst)).generation);
+    s.kept.records[0].owner.store(token | WRITING, SeqCst);
+    end(&s, a);
+    assert_eq!(s.kept.records[0].owner.load(SeqCst), 0);
+    assert_eq!(s.kept_exports()[0].unsure, 100);
+}
+
+#[test]
+fn proc_locks_lines_are_read() {
+    let t = "1: POSIX  ADVISORY  WRITE 12 00:1a:33 1099511627776 1099511627776\n\
+             2: OFDLCK ADVISORY  READ -1 00:01:1025 1099511627781 1099511627781\n\
+             2: -> OFDLCK ADVISORY  WRITE -1 00:01:1025 1099511627781 1099511627781\n\
+             3: OFDLCK ADVISORY  READ -1 fd:0a:77 0 EOF\n\
+             4: OFDLCK ADVISORY  READ -1 103:2:9 1099511627790 1099511627790\n";
+    assert_eq!(parse_locks(t), vec![(1, 1025, LOCK_BASE + 5), (0x103 << 32 | 2, 9, LOCK_BASE + 14)]);
+    assert!(proc_locks().is_some());
+}
+
+/// Imports are followed per allocation: an import of one ended exporter's memory keeps that memory
+/// charged, not every ended exporter's; it goes when that import ends, or with its importer. An
+/// import whose allocation the importer could not tell keeps every closed one (`orphans`).
+#[test]
+fn an_import_keeps_only_the_allocation_it_imported() {
+    let s = Shared::in_memory("x");
+    let (a, b, c) = (s.claim(1, 1, 0).unwrap(), s.claim(2, 1, 0).unwrap(), s.claim(3, 1, 0).unwrap());
+    charge(&s, a, 100);
+    charge(&s, b, 100);
+    export(&s, a, 100, 1);
+    export(&s, b, 100, 2);
+    assert!(s.import_of(c, 1));
+    end(&s, a);
+    end_and_sweep(&s, b);
+    assert_eq!(held(&s), 100, "b's memory, which nobody imports, came back");
+    assert_eq!(s.kept_exports()[0], KeptBytes { open: 0, unsure: 0, imported: 100 });
+    assert_eq!(s.import_of_ended(c, 1), 100, "the last import of a's memory ended");
+    assert_eq!(held(&s), 0);
+    // The importer ends holding its import: it goes with it.
+    let (d, f) = (s.claim(4, 1, 0).unwrap(), s.claim(5, 1, 0).unwrap());
+    charge(&s, d, 100);
+    export(&s, d, 100, 3);
+    assert!(s.import_of(f, 3));
+    end_and_sweep(&s, d);
+    assert_eq!(held(&s), 100);
+    end(&s, f);
+    assert_eq!(held(&s), 0);
+    // An import of unknown origin keeps every closed allocation until it ends.
+    let (g, h) = (s.claim(6, 1, 0).unwrap(), s.claim(7, 1, 0).unwrap());
+    charge(&s, g, 100);
+    export(&s, g, 100, 4);
+    s.import_began(h);
+    end_and_sweep(&s, g);
+    assert_eq!(held(&s), 100);
+    s.import_ended(h);
+    assert_eq!(held(&s), 0);
+}
+
+/// An exporter whose fd is closed everywhere ends while another member maps its memory: the
+/// bytes stay the group's until the last import ends, wherever it ends (released, or its
+/// member reclaimed).
+#[test]
+fn exported_memory_outlives_its_exporter_while_imports_hold_it() {
+    let s = Shared::in_memory("x");
+    // Exporter a (200 exported, 50 not), importer b.
+    let (a, b) = (s.claim(1, 1, 0).unwrap(), s.claim(2, 1, 0).unwrap());
+    charge(&s, a, 250);
+    export(&s, a, 200, 1);
+    s.import_began(b);
+    assert_eq!(end_and_sweep(&s, a), Some(50));
+    assert_eq!((held(&s), s.orphans[0].load(SeqCst)), (200, 200), "the exported bytes stay");
+    s.import_ended(b);
+    assert_eq!((held(&s), s.orphans[0].load(SeqCst)), (0, 0), "the last import gave them back");
+    // No importer: the export goes with its exporter.
+    let a = s.claim(3, 1, 0).unwrap();
+    charge(&s, a, 100);
+    export(&s, a, 100, 2);
+    assert_eq!(end_and_sweep(&s, a), Some(0));
+    assert_eq!(held(&s), 0);
+    // The importer dies: reclaiming it gives the exported bytes back.
+    let (a, c) = (s.claim(4, 1, 0).unwrap(), s.claim(5, 1, 0).unwrap());
+    charge(&s, a, 100);
+    export(&s, a, 100, 3);
+    s.import_began(c);
+    end_and_sweep(&s, a);
+    assert_eq!(held(&s), 100);
+    end_and_sweep(&s, c);
+    assert_eq!((held(&s), s.orphans[0].load(SeqCst), s.imports_held()), (0, 0, 0));
+}

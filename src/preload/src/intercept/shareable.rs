@@ -1,0 +1,115 @@
+//! Exported file descriptors, watched (issue 23; the group's side, and why a lock tells, is
+//! `vramcap_common::group_ledger::kept`). Each export of an allocation takes an OFD read lock on
+//! byte `LOCK_BASE + id` of the exported open file description (`id`: the allocation's, handed out
+//! by the group): the lock lives exactly as long as some copy of that fd is open, in whatever
+//! process, and `/proc/locks` lists it for whoever looks. vramcap keeps no fd of its own and never
+//! closes the application's: its copy is the application's to use and close.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU8, Ordering};
+use vramcap_common::group_ledger::kept::{LOCK_BASE, fd_locks, lock_byte, proc_locks};
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: the shareable handle is an `int` fd.
+pub const POSIX_FD: c_int = 1;
+
+/// Locks the id's byte of the exported description a successful export of handle type `kind`
+/// wrote to `*shareable`, and returns that file as the kernel names it in `/proc/locks`
+/// (`major << 32 | minor`, inode: read back from this description's own locks, so that no other
+/// naming, a file system's `stat`, can differ). `None`: it cannot be watched (another handle type,
+/// a file that takes no lock, locks this process cannot see), and its memory must be kept.
+///
+/// # Safety
+/// `shareable` is the out-parameter of a successful `cuMemExportToShareableHandle`.
+pub unsafe fn watch(kind: c_int, shareable: *const c_void, id: u64) -> Option<(u64, u64)> {
+    if kind != POSIX_FD || shareable.is_null() {
+        return None;
+    }
+    let fd = unsafe { *(shareable as *const c_int) };
+    let byte = LOCK_BASE.checked_add(id)?;
+    if fd < 0 || !lock_byte(fd, byte) {
+        return None;
+    }
+    let lock = fd_locks(fd)?.into_iter().find(|l| l.2 == byte)?;
+    visible(lock).then_some((lock.0, lock.1))
+}
+
+/// The allocation a shareable handle of type `kind` about to be imported (`os`, an fd passed by
+/// value) was exported from, as its exporter's lock on the received description says; `None`: no
+/// such lock, or more than one (the import is then counted without its allocation).
+pub fn imported_id(kind: c_int, os: *const c_void) -> Option<u64> {
+    if kind != POSIX_FD {
+        return None;
+    }
+    let locks = fd_locks(os as usize as c_int)?;
+    let mut ids = locks.iter().map(|l| l.2 - LOCK_BASE);
+    let id = ids.next()?;
+    ids.all(|x| x == id).then_some(id)
+}
+
+/// Whether `/proc/locks` here shows our locks, asked with the first one (whoever decides later
+/// reads the same kernel list): a system where it does not leaves every export undecidable.
+fn visible(lock: (u64, u64, u64)) -> bool {
+    // 0: not asked yet; 1: shown; 2: not shown.
+    static SEEN: AtomicU8 = AtomicU8::new(0);
+    match SEEN.load(Ordering::Acquire) {
+        1 => true,
+        2 => false,
+        _ => {
+            let shown = proc_locks().is_some_and(|l| l.contains(&lock));
+            SEEN.store(if shown { 1 } else { 2 }, Ordering::Release);
+            shown
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memfd() -> c_int {
+        unsafe { libc::memfd_create(c"watch".as_ptr(), 0) }
+    }
+
+    fn listed(file: (u64, u64), id: u64) -> bool {
+        proc_locks().unwrap().contains(&(file.0, file.1, LOCK_BASE + id))
+    }
+
+    /// The lock shows while any copy of the exported description is open (here a dup, as
+    /// SCM_RIGHTS or fork would make), and goes with the last; the application's fd stays open.
+    #[test]
+    fn the_lock_lives_as_long_as_a_copy_of_the_exported_fd() {
+        let fd = memfd();
+        let id = 1_000_000 + std::process::id() as u64;
+        let file = unsafe { watch(POSIX_FD, (&fd as *const c_int).cast(), id) }.expect("a memfd is watched");
+        assert!(listed(file, id));
+        assert_ne!(unsafe { libc::fcntl(fd, libc::F_GETFD) }, -1, "the application's fd is left open");
+        let copy = unsafe { libc::dup(fd) };
+        unsafe { libc::close(fd) };
+        assert!(listed(file, id), "a copy is still open");
+        unsafe { libc::close(copy) };
+        assert!(!listed(file, id), "the last copy closed");
+    }
+
+    /// An importer finds the allocation in the fd it received (the same description).
+    #[test]
+    fn a_received_fd_names_its_allocation() {
+        let fd = memfd();
+        let id = 2_000_000 + std::process::id() as u64;
+        unsafe { watch(POSIX_FD, (&fd as *const c_int).cast(), id) }.unwrap();
+        let copy = unsafe { libc::dup(fd) };
+        assert_eq!(imported_id(POSIX_FD, copy as usize as *const c_void), Some(id));
+        let other = memfd();
+        assert_eq!(imported_id(POSIX_FD, other as usize as *const c_void), None);
+        unsafe { libc::close(fd) };
+        unsafe { libc::close(copy) };
+        unsafe { libc::close(other) };
+    }
+
+    #[test]
+    fn what_cannot_be_watched_says_so() {
+        let fabric = [0u8; 64];
+        assert_eq!(unsafe { watch(8, fabric.as_ptr().cast(), 1) }, None);
+        let bad: c_int = -1;
+        assert_eq!(unsafe { watch(POSIX_FD, (&bad as *const c_int).cast(), 1) }, None);
+    }
+}
