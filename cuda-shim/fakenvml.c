@@ -99,7 +99,7 @@ API int nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *dev)
 
 /* Physical view: the fake driver's own bytes (works before cuInit). FAKENVML_DEVICE_WIDE=1
  * with a shared device (FAKECUDA_SHARED_DEVICE): what every process holds on it, as the real
- * nvmlDeviceGetMemoryInfo reports a device (attack24: members that read the device's memory
+ * nvmlDeviceGetMemoryInfo reports a device (members that read the device's memory
  * see one another's). */
 static int phys(nvmlDevice_t dev, unsigned long long *total, unsigned long long *used)
 {

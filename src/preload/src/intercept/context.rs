@@ -242,7 +242,7 @@ fn finish_measured(api: Hook, probe: &overhead::Probe, reserved: u64, ctx: u64, 
     guarded(true, || {
         let (bytes, exact) = match overhead::measured_spanning(probe, reserved) {
             // A prefetch completed while the context was made moved the books by an amount the
-            // measurement cannot tell from the context's own (attack24): the size last measured
+            // measurement cannot tell from the context's own: the size last measured
             // (reserved) when there is one, else the larger bound.
             Some(m) if m.unsure > 0 && reserved > 0 => (reserved, false),
             Some(m) => ((m.bytes + m.unsure as i128).clamp(0, u64::MAX as i128) as u64, m.exact),

@@ -5,7 +5,7 @@
 //! driver call, and vramcap releases its charge only after. The overhead measurement
 //! (`overhead::quiet_read_with`) takes the books at their word only when its counts stood still;
 //! during such a call they do while the books move, and another thread's context would be
-//! charged (or credited) what moved: a cap bypass or a false denial (attack24).
+//! charged (or credited) what moved: a cap bypass or a false denial (found by an attack review).
 //!
 //! So each such call is a *move*: [`Moving`] counts it in flight from before its driver call until
 //! vramcap's own bookkeeping for it has settled, then counts it done. A reading is trusted only

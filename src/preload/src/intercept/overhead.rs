@@ -79,7 +79,7 @@ const MOVE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 /// looks (`charged` and `held` back where they were) is not taken for a quiet moment. That mistake
 /// charged another thread's allocation as a context's overhead.
 ///
-/// Memory can also change in the books while the counts stand still (attack24): a pool the driver
+/// Memory can also change in the books while the counts stand still: a pool the driver
 /// trimmed (at a synchronize, `cuMemPoolTrimTo`, pressure relief) or grew for an allocation in
 /// flight is settled only after the call, and a prefetch, a destroyed pool's last free or a
 /// pool's destroy move pages or give memory back inside the driver call. So the pools and graph
@@ -290,8 +290,8 @@ pub fn charge(api: Hook, ctx: u64, dev: usize, bytes: u64, reserved: u64, new: b
 
 /// [`charge`]; a new context's size is what the next one reserves (this process's last, the
 /// group's largest for good) only when `note` (it was measured exactly): a bound (the books never
-/// quiet, a prefetch completed meanwhile) is noted only where no size is known yet (attack24,
-/// finding 5: one wrong reading raised the group's estimate for the life of its ledger).
+/// quiet, a prefetch completed meanwhile) is noted only where no size is known yet (one wrong
+/// reading used to raise the group's estimate for the life of its ledger).
 pub fn charge_as(api: Hook, ctx: u64, dev: usize, bytes: u64, reserved: u64, new: bool, note: bool) -> Result<(), CUresult> {
     settle_reservation(api, dev, bytes, reserved)?;
     if new && let Some(l) = LAST_CONTEXT.get(dev) {
@@ -464,7 +464,7 @@ mod tests {
         ledger::set_limit(d, 0);
     }
 
-    /// attack24, finding 5: a context's size measured only as a bound (the books never quiet, a
+    /// A context's size measured only as a bound (the books never quiet, a
     /// prefetch completed meanwhile) is what the next context reserves only where nothing was
     /// measured before; an exact measurement replaces it.
     #[test]
@@ -532,7 +532,7 @@ mod tests {
 
     /// A move (`moves`: a prefetch, an orphan pool's last free) changes the books while the counts
     /// stand still: no reading taken while one is under way, or that one completed around, is
-    /// taken (attack24: a context made meanwhile was charged the move).
+    /// taken (a context made meanwhile was charged the move).
     #[test]
     fn a_reading_taken_while_memory_moves_uncounted_is_not_taken() {
         let d = 52;
