@@ -182,7 +182,7 @@ fn a_primary_reset_with_live_allocations_does_not_wait_out_the_quiet_reading() {
 /// heap. vramcap marks every context's heap taken at a library load all the same
 /// (`libraries::load`: `note_heap`), and the next `cuModuleLoad*` there reserves no heap: a heap
 /// set past the cap is taken by the device, the module is unloaded again, and the heap stays past
-/// the cap for good. The fake honours `CUDA_MODULE_LOADING=LAZY` for libraries (attack24).
+/// the cap for good. The fake honours `CUDA_MODULE_LOADING=LAZY` for libraries, and lazy is its default from driver 12.2 as the real driver's.
 #[test]
 fn under_lazy_loading_a_library_does_not_make_the_next_module_skip_the_heap() {
     let dir = private_group_dir();
