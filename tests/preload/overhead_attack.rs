@@ -2,7 +2,9 @@
 //! without passing through vramcap's reserve/commit/uncommit/unreserve while a context is being
 //! measured (a "quiet reading" that took the driver's books at their word charged whatever moved
 //! meanwhile to the context being made, or took it from it), and the estimates reserved before a
-//! call (heaps, library copies, green contexts) that must keep the device within the cap.
+//! call (heaps, library copies, green contexts) that must keep the device within the cap. Each
+//! test's comment tells the failure it found, as it was before the fix (docs/coverage.md says how
+//! each is handled now).
 //!
 //! Each test uses the client's `bg N OP...` (the next N words run in a thread of their own) and
 //! contexts that take the fake `FAKECUDA_CTX_DELAY_US` to make (a real driver takes 100s of ms).
