@@ -34,16 +34,6 @@ pub fn start(devices: &[DeviceInfo], file: bool) {
     let _ = std::thread::Builder::new().name("vramcap-ceiling".into()).stack_size(128 * 1024).spawn(move || watch(file));
 }
 
-/// What tells an edited file from the one read last: inode, size, change and modification time.
-fn identity(path: &str) -> Option<[i64; 6]> {
-    let c = std::ffi::CString::new(path).ok()?;
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // `stat`, not `lstat`: a ConfigMap's file is a link that Kubernetes swaps on update.
-    (unsafe { libc::stat(c.as_ptr(), &mut st) } == 0).then(|| {
-        [st.st_ino as i64, st.st_size, st.st_mtime, st.st_mtime_nsec, st.st_ctime, st.st_ctime_nsec]
-    })
-}
-
 fn watch(file: bool) {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -55,7 +45,8 @@ fn watch(file: bool) {
         }
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
-    let mut last = identity(ceiling::PATH);
+    // The file as the configuration read it, not as it is when this thread first runs.
+    let mut last = config::ceiling_identity_at_start().unwrap_or_else(|| config::file_identity(ceiling::PATH));
     let mut said: Option<String> = None;
     let mut group_seen = [u64::MAX; ledger::MAX_DEVICES];
     loop {
@@ -67,7 +58,7 @@ fn watch(file: bool) {
         if !file {
             continue;
         }
-        let now = identity(ceiling::PATH);
+        let now = config::file_identity(ceiling::PATH);
         if now == last {
             continue;
         }

@@ -18,6 +18,8 @@ fn from_env() -> Config {
     if vars.iter().any(|(k, v)| k == "VRAMCAP_TEST_PANIC" && v == "config") {
         panic!("VRAMCAP_TEST_PANIC=config");
     }
+    // The file's identity before it is read: the watcher's baseline (`ceiling_watch`).
+    let _ = CEILING_AT_START.set(file_identity(ceiling::PATH));
     let mut c = ceiling::from_env_vars(&vars);
     // Kept for the ceiling file's re-reads (`ceiling_watch`): the environment as it was at start.
     let _ = ENV_VARS.set(vars.clone());
@@ -29,6 +31,26 @@ fn from_env() -> Config {
 }
 
 static ENV_VARS: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+/// The ceiling file's identity taken just before the configuration read it. The watcher compares
+/// with this first: taken when its thread first ran instead, an edit made between the read and
+/// that first look (a loaded machine runs the thread late) was the baseline and never applied.
+static CEILING_AT_START: std::sync::OnceLock<Option<[i64; 6]>> = std::sync::OnceLock::new();
+
+/// [`CEILING_AT_START`]; `None` before the configuration was read.
+pub fn ceiling_identity_at_start() -> Option<Option<[i64; 6]>> {
+    CEILING_AT_START.get().copied()
+}
+
+/// What tells an edited file from the one read last: inode, size, change and modification time.
+pub fn file_identity(path: &str) -> Option<[i64; 6]> {
+    let c = std::ffi::CString::new(path).ok()?;
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // `stat`, not `lstat`: a ConfigMap's file is a link that Kubernetes swaps on update.
+    (unsafe { libc::stat(c.as_ptr(), &mut st) } == 0).then(|| {
+        [st.st_ino as i64, st.st_size, st.st_mtime, st.st_mtime_nsec, st.st_ctime, st.st_ctime_nsec]
+    })
+}
 
 /// Our variables as the environment had them when the configuration was read.
 pub fn env_vars() -> &'static [(String, String)] {
