@@ -1,0 +1,86 @@
+//! Attacks on issue 23 item 11 (exported fds outliving their exporter): each test states what the
+//! bare driver does and what the group must then do; a failure is a finding.
+
+use vramcap_tests::common;
+use common::*;
+use std::path::{Path, PathBuf};
+
+const BUDGET: u64 = 256 * MIB;
+
+struct Setup {
+    dir: PathBuf,
+    devfile: PathBuf,
+    sock: PathBuf,
+    sock2: PathBuf,
+    hold: PathBuf,
+}
+
+fn setup() -> Setup {
+    let dir = private_group_dir();
+    let hold = dir.join("hold");
+    assert!(std::process::Command::new("mkfifo").arg(&hold).status().unwrap().success());
+    Setup { devfile: dir.join("device"), sock: dir.join("sock"), sock2: dir.join("sock2"), hold, dir }
+}
+
+fn member(s: &Setup, bare: bool) -> Run {
+    let r = Run::client("client_linked")
+        .env("VRAMCAP_GROUP", "xg")
+        .env("VRAMCAP_GROUP_DIR", &s.dir)
+        .env("VRAMCAP_GROUP_LIMIT", "256m")
+        .env("FAKECUDA_SHARED_DEVICE", &s.devfile);
+    if bare { r.bare() } else { r }
+}
+
+fn go(fifo: &Path) {
+    drop(std::fs::OpenOptions::new().write(true).open(fifo).unwrap());
+}
+
+/// E exports 200 MiB to member I; I imports it, closes the received fd, *re-exports its imported
+/// handle* (`cuMemExportToShareableHandle` on a handle from `cuMemImportFromShareableHandle`: the
+/// fake allows it, as the driver's documentation does not forbid it) and sends that new fd to R,
+/// which just holds it; I releases its import and exits, E releases and exits. The memory still
+/// lives on the device (R's fd keeps it and R may import it at any time), so the group must still
+/// hold it.
+fn chain(s: &Setup, bare: bool) -> Running {
+    let rx = format!("fdlisten {} fdrecv fdack waitfifo {} fdclose 0", s.sock2.display(), s.hold.display());
+    let mut r = member(s, bare).args([rx]).spawn();
+    assert_eq!(r.wait_for("fdlisten").rc(), 0);
+    let imp = format!(
+        "init ctx 0 fdlisten {} fdrecv import 0 fdclose 0 fdack export 0 fdsend 1 {} release 0",
+        s.sock.display(),
+        s.sock2.display()
+    );
+    let mut i = member(s, bare).args([imp]).spawn();
+    assert_eq!(i.wait_for("fdlisten").rc(), 0);
+    let out = member(s, bare).args([format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0", s.sock.display())]).run();
+    out.ok();
+    assert_eq!(i.wait_for("import").rc(), 0);
+    assert_eq!(i.wait_for("export").rc(), 0, "the importer re-exports its imported handle");
+    assert_eq!(i.wait_for("fdsend").rc(), 0);
+    assert_eq!(i.wait_for("release").rc(), 0);
+    i.finish();
+    r
+}
+
+#[test]
+fn a_reexported_import_keeps_the_memory_charged_after_exporter_and_importer_end() {
+    // Bare: R's fd alone keeps the 200 MiB on the device.
+    let s = setup();
+    let dev = SharedDevice::open(&s.devfile);
+    let r = chain(&s, true);
+    assert_eq!(dev.held(), 200 * MIB, "bare: the re-exported fd keeps the memory");
+    go(&s.hold);
+    r.finish();
+
+    // In the group: 250 MiB more while the 200 MiB still live is past the 256 MiB budget.
+    let s = setup();
+    let dev = SharedDevice::open(&s.devfile);
+    let r = chain(&s, false);
+    assert_eq!(dev.held(), 200 * MIB, "the re-exported fd keeps the memory");
+    let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
+    let rc = out.nth("vmm", 0).rc();
+    let held = dev.held();
+    go(&s.hold);
+    r.finish();
+    assert_eq!(rc, 2, "granted 250 MiB while the device holds {} MiB of the group's memory (budget 256)", held / MIB);
+}
