@@ -192,3 +192,86 @@ fn exported_memory_outlives_its_exporter_while_imports_hold_it() {
     end_and_sweep(&s, c);
     assert_eq!((held(&s), s.orphans[0].load(SeqCst), s.imports_held()), (0, 0, 0));
 }
+
+// ---- attack23: real kernel locks, the sweep as `reclaim_in` runs it (`proc_locks`) ----
+
+/// An OFD lock on `fd` of `kind` over [start, start+len) (len 0: to the end of the file).
+fn ofd(fd: i32, kind: i32, start: i64, len: i64) -> bool {
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = kind as i16;
+    l.l_whence = libc::SEEK_SET as i16;
+    l.l_start = start;
+    l.l_len = len;
+    unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &l) == 0 }
+}
+
+/// A member exports 200 bytes as allocation `id` on `fd` (locked and recorded as `watch` does),
+/// and ends: the group keeps 200.
+fn export_real(s: &Shared, fd: i32, id: u64) -> usize {
+    let a = s.claim(1, 1, 0).unwrap();
+    charge(s, a, 200);
+    assert!(lock_byte(fd, LOCK_BASE + id));
+    let file = fd_locks(fd).unwrap().into_iter().find(|l| l.2 == LOCK_BASE + id).unwrap();
+    s.exported(a, 0, 200);
+    assert!(s.record_export(a, 0, 200, file.0, file.1, id, false));
+    end(s, a);
+    assert_eq!(held(s), 200);
+    a
+}
+
+/// The application takes a whole-file OFD read lock on its own exported fd (any OFD lock of the
+/// same type covering or touching byte `LOCK_BASE + id` merges with vramcap's): `/proc/locks`
+/// then lists one range starting at 0, the sweep finds the export's lock gone and gives the memory
+/// back while the fd is still open (importable). Cap bypass.
+#[test]
+fn attack23_a_whole_file_read_lock_on_the_exported_fd_hides_the_export() {
+    let s = Shared::in_memory("x");
+    let fd = unsafe { libc::memfd_create(c"attack23-merge".as_ptr(), 0) };
+    let id = 3_000_000 + std::process::id() as u64;
+    export_real(&s, fd, id);
+    assert!(ofd(fd, libc::F_RDLCK, 0, 0), "the application's own whole-file read lock");
+    let moved = s.sweep_exports(&proc_locks);
+    let open = unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1;
+    unsafe { libc::close(fd) };
+    assert!(open);
+    assert_eq!((moved, held(&s)), (0, 200), "the exported fd is still open: its memory can still be imported");
+}
+
+/// Any holder of a copy of the exported fd (the application, a process it sent the fd to) can
+/// drop the lock with `F_OFD_SETLK F_UNLCK` and keep the fd: the sweep gives the memory back while
+/// the fd can still be imported. Cap bypass by the holder of an fd.
+#[test]
+fn attack23_unlocking_the_exported_fd_gives_the_memory_back_while_it_is_open() {
+    let s = Shared::in_memory("x");
+    let fd = unsafe { libc::memfd_create(c"attack23-unlock".as_ptr(), 0) };
+    let id = 4_000_000 + std::process::id() as u64;
+    export_real(&s, fd, id);
+    assert!(ofd(fd, libc::F_UNLCK, 0, 0));
+    let moved = s.sweep_exports(&proc_locks);
+    unsafe { libc::close(fd) };
+    assert_eq!((moved, held(&s)), (0, 200), "the exported fd is still open: its memory can still be imported");
+}
+
+/// The lock is matched by (device, inode, byte) only, not by open file description: a lock that
+/// another, unrelated open of the same file holds on that byte counts as the export's. On the
+/// NVIDIA driver the exported fd is (to our reading) a file of /dev/nvidiactl, one inode that every
+/// process may open (0666): anyone can lock bytes `LOCK_BASE + 1..N` (ids are small and
+/// sequential) and keep every ended exporter's memory charged for good (every group's ids start
+/// at 1, so a live export of another group does the same by accident). Here a regular file, opened
+/// twice, stands for it. False denial / DoS until `--drop-exports --open-too`.
+#[test]
+fn attack23_a_lock_on_another_open_of_the_same_file_keeps_the_memory() {
+    let s = Shared::in_memory("x");
+    let path = std::env::temp_dir().join(format!("attack23-{}", std::process::id()));
+    std::fs::write(&path, b"x").unwrap();
+    let open = |p: &std::path::Path| std::os::fd::IntoRawFd::into_raw_fd(std::fs::File::open(p).unwrap());
+    let (exported, outsider) = (open(&path), open(&path));
+    let id = 1;
+    export_real(&s, exported, id);
+    assert!(lock_byte(outsider, LOCK_BASE + id), "an unrelated process's lock on the same byte");
+    unsafe { libc::close(exported) };
+    let moved = s.sweep_exports(&proc_locks);
+    unsafe { libc::close(outsider) };
+    let _ = std::fs::remove_file(&path);
+    assert_eq!((moved, held(&s)), (200, 0), "no copy of the exported description is left: nobody can import it");
+}
