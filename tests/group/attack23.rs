@@ -84,3 +84,42 @@ fn a_reexported_import_keeps_the_memory_charged_after_exporter_and_importer_end(
     r.finish();
     assert_eq!(rc, 2, "granted 250 MiB while the device holds {} MiB of the group's memory (budget 256)", held / MIB);
 }
+
+/// The same member run in group `name` (each group 256 MiB).
+fn in_named(s: &Setup, name: &str) -> Run {
+    member(s, false).env("VRAMCAP_GROUP", name)
+}
+
+/// Two groups (two containers, 256 MiB each) share VMM memory: E in group `h` exports 200 MiB to
+/// I in group `g`, which imports and maps it (not charged in `g`: "memory another process owns and
+/// is charged for") and closes the fd; E releases and exits. `h` then finds no lock and no import
+/// *in its own ledger* and gives the 200 MiB back while I still maps them: charged nowhere. With
+/// 250 MiB more in `h` and 200 MiB more in `g` the device holds 650 MiB under two budgets of 256.
+#[test]
+fn memory_imported_by_another_group_stays_charged_to_the_exporters_group() {
+    let s = setup();
+    let dev = SharedDevice::open(&s.devfile);
+    let ops = format!(
+        "init ctx 0 fdlisten {} fdrecv import 0 vamap 0 200m fdclose 0 fdack waitfifo {} vmm 200m 0",
+        s.sock.display(),
+        s.hold.display()
+    );
+    let mut i = in_named(&s, "g").args([ops]).spawn();
+    assert_eq!(i.wait_for("fdlisten").rc(), 0);
+    let out = in_named(&s, "h").args([format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0", s.sock.display())]).run();
+    out.ok();
+    assert_eq!(i.wait_for("vamap").rc(), 0);
+    let ask = in_named(&s, "h").args(["init ctx 0 vmm 250m 0 waitfifo /dev/null"]).spawn();
+    let mut ask = ask;
+    let h_rc = ask.wait_for("vmm").rc();
+    go(&s.hold);
+    let g_rc = i.wait_for("vmm").rc();
+    i.finish();
+    ask.finish();
+    let peak = dev.peak().load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        peak <= 2 * BUDGET && h_rc == 2,
+        "h granted 250 MiB (rc {h_rc}), g granted 200 MiB (rc {g_rc}) while g's member maps h's 200 MiB: device peak {} MiB under two budgets of 256",
+        peak / MIB
+    );
+}
