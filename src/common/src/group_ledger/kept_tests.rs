@@ -275,3 +275,26 @@ fn attack23_a_lock_on_another_open_of_the_same_file_keeps_the_memory() {
     let _ = std::fs::remove_file(&path);
     assert_eq!((moved, held(&s)), (200, 0), "no copy of the exported description is left: nobody can import it");
 }
+
+/// Import records share the 1024 records with exports: a job whose members import many of each
+/// other's segments (8 ranks importing 20 segments from each of 7 peers: 1120 imports) fills them,
+/// and an export made meanwhile is undecidable: after the whole job ended, with no fd and no
+/// import left, its memory stays charged until an operator runs `--drop-exports`. False denial.
+#[test]
+fn attack23_imports_filling_the_records_leave_an_export_charged_after_everything_ended() {
+    let s = Shared::in_memory("x");
+    let (a, b) = (s.claim(1, 1, 0).unwrap(), s.claim(2, 1, 0).unwrap());
+    for k in 0..RECORDS as u64 {
+        assert!(s.import_of(b, 10_000 + k));
+    }
+    charge(&s, a, 200);
+    s.exported(a, 0, 200);
+    let recorded = s.record_export(a, 0, 200, 1, 7, 5, false);
+    if !recorded {
+        s.export_unsure(a, 5);
+    }
+    end(&s, b);
+    end(&s, a);
+    let moved = s.sweep_exports(&|| Some(Vec::<Lock>::new()));
+    assert_eq!((recorded, moved, held(&s)), (true, 200, 0), "no fd and no import of it is left, no member runs");
+}
