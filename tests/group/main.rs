@@ -7,6 +7,6 @@ mod group_overhead;
 mod group_policy;
 mod group_sharing;
 mod exported;
-mod attack23;
+mod exported_open;
 mod live_budget;
 mod replay_agrees;
