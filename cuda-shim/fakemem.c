@@ -520,16 +520,7 @@ int fc_mem_charge(int dev, long long delta)
 /* Like fc_mem_charge, for memory no allocation hands out (contexts, modules): not a live block. */
 int fc_mem_overhead(int dev, long long delta)
 {
-    struct device *d = &g_dev[dev];
-    int ok = 0;
-
-    pthread_mutex_lock(&d->lock);
-    if (delta > 0 && (unsigned long long)delta > fc_cfg.mem[dev] - d->held)
-        ok = -1;
-    else
-        account(d, dev, delta, 0);
-    pthread_mutex_unlock(&d->lock);
-    return ok;
+    return fc_mem_account(dev, delta, 0);
 }
 
 CUresult fc_mem_alloc_cur(CUdeviceptr *dptr, size_t size)
