@@ -101,8 +101,8 @@ fn quiet_read(dev: usize, only: Option<Source>, before: bool, own: u64) -> Optio
 fn quiet_read_with(dev: usize, before: bool, own: u64, mut read: impl FnMut() -> Option<Reading>) -> Option<(Reading, u64, bool)> {
     // What vramcap counted, with its pools and graph memory at the driver's word (`moves::pools`,
     // read on both sides of the books and the same: no trim or growth in the driver between).
-    let ours = |c: u64, p: moves::Pools| (c as i128 + p.driver as i128 - p.charged as i128).max(0) as u64;
-    let ours = |c: u64, p: moves::Pools| ours(c, p).saturating_sub(total(dev));
+    // Less the overhead already charged: what is left is allocations.
+    let ours = |c: u64, p: moves::Pools| ((c as i128 + p.driver as i128 - p.charged as i128).max(0) as u64).saturating_sub(total(dev));
     let start = std::time::Instant::now();
     let mut pause = std::time::Duration::from_micros(20);
     // (in flight, reading, what it counted, its pools): the steady reading with the least in flight.
