@@ -38,6 +38,9 @@ pub const RECORDS: usize = 1024;
 /// The first lock byte: far past anything a driver's own locks use (the fake driver locks bytes 0
 /// to 2 of its memfd).
 pub const LOCK_BASE: u64 = 1 << 40;
+/// The end (exclusive) of the bytes vramcap locks (ids, and each process's probe at `2 * LOCK_BASE`):
+/// an application's unlock over them is narrowed to leave them (`intercept::fcntl`).
+pub const LOCK_END: u64 = LOCK_BASE << 2;
 /// `Record::owner` bit: the exporter is still writing the record.
 const WRITING: u64 = 1 << 63;
 /// `Record::owner` bit: a sweep is giving the record's bytes back.
