@@ -1,7 +1,7 @@
-//! Open findings on issue 23 item 11 (exported fds outliving their exporter), from an attack on
-//! it: each test states what the bare driver does and what the group must then do. They fail
-//! today and are `#[ignore]`d with the reason, so `cargo test -- --ignored exported_open` shows
-//! where the work stands (docs/coverage.md lists them).
+//! Findings on issue 23 item 11 (exported fds outliving their exporter) from an attack on it, now
+//! closed: each test states what the bare driver does and what the group must then do. Imports
+//! and re-exports carry the allocation's lock (`intercept::shareable`), so the exporter's group
+//! sees them wherever they are.
 
 use vramcap_tests::common;
 use common::*;
@@ -65,7 +65,6 @@ fn chain(s: &Setup, bare: bool) -> Running {
 }
 
 #[test]
-#[ignore = "open (issue 23): a re-export of an imported handle is neither locked nor recorded"]
 fn a_reexported_import_keeps_the_memory_charged_after_exporter_and_importer_end() {
     // Bare: R's fd alone keeps the 200 MiB on the device.
     let s = setup();
@@ -99,7 +98,6 @@ fn in_named(s: &Setup, name: &str) -> Run {
 /// *in its own ledger* and gives the 200 MiB back while I still maps them: charged nowhere. With
 /// 250 MiB more in `h` and 200 MiB more in `g` the device holds 650 MiB under two budgets of 256.
 #[test]
-#[ignore = "open (issue 23): imports by another group or an unwrapped process are not seen by the exporter's group"]
 fn memory_imported_by_another_group_stays_charged_to_the_exporters_group() {
     let s = setup();
     let dev = SharedDevice::open(&s.devfile);

@@ -36,11 +36,11 @@ pub struct LimitArgs {
     pub enforce: bool,
     /// Give back what the group keeps of ended members' exported VMM memory that it cannot
     /// decide about (an export vramcap could not watch): your word that no process will import
-    /// it any more. Memory importers hold stays charged until their imports end.
+    /// it any more.
     #[arg(long)]
     pub drop_exports: bool,
-    /// With --drop-exports: also what an fd still open somewhere keeps (your word that whoever
-    /// holds it will not import it).
+    /// With --drop-exports: also what a lock still keeps, an fd open or an import held somewhere
+    /// (your word that no process holds either).
     #[arg(long, requires = "drop_exports")]
     pub open_too: bool,
 }
@@ -195,13 +195,13 @@ fn show(s: &Shared, name: &str, owner: u32) -> String {
 fn kept_line(k: vramcap_common::group_ledger::kept::KeptBytes) -> String {
     let mut parts = Vec::new();
     if k.open > 0 {
-        parts.push(format!("{} with an fd still open somewhere (back when its last copy closes)", human(k.open)));
+        parts.push(format!("{} with an fd still open or imported somewhere (back when the last copy and import end)", human(k.open)));
     }
     if k.unsure > 0 {
         parts.push(format!("{} undecidable (exports vramcap could not watch: back with --drop-exports)", human(k.unsure)));
     }
     if k.imported > 0 {
-        parts.push(format!("{} mapped by importers (back when no member holds an import)", human(k.imported)));
+        parts.push(format!("{} held by imports of unknown origin (back when members' such imports end)", human(k.imported)));
     }
     if parts.is_empty() { String::new() } else { format!("  of which exported by ended members: {}\n", parts.join(", ")) }
 }

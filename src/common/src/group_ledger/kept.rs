@@ -2,32 +2,42 @@
 //!
 //! VMM memory exported as a POSIX fd (`cuMemExportToShareableHandle`) lives while any copy of the
 //! fd is open, wherever the copy is (a unix socket not yet received, a forked child, a process
-//! that has not imported it yet): any process holding one may import it later. All copies are one
-//! *open file description* (SCM_RIGHTS and fork share it), which the kernel keeps until its last
-//! copy closes, and an OFD lock lives exactly as long as its description. So each export takes a
-//! read lock on one byte of the exported description, `LOCK_BASE + id`, with an `id` the group
-//! hands out per allocation (every export of one allocation locks the same byte, a byte no driver
-//! uses), and writes a [`Record`]: the file (device and inode, as `/proc/locks` names them), the
-//! id and the bytes. `/proc/locks` lists every OFD lock of the machine, whatever the process (a
-//! reader trusts its view only when it lists the reader's own probe lock, [`proc_locks`]): a
-//! record whose lock is gone from it has no copy of its fd left anywhere, so nobody can import it
-//! any more, and its memory lives on only in the imports already made, which members count
-//! per allocation: an importer finds the id in its received fd's own lock
-//! (`/proc/self/fdinfo`) and holds an [`IMPORT`] record of it while the import lasts; an import
-//! whose allocation it cannot tell is counted per member instead (`exports`: `orphans` stay while
-//! any such import is held).
+//! that has not imported it yet), and while any process maps or references an import of it. All
+//! copies of an fd are one *open file description* (SCM_RIGHTS and fork share it), which the
+//! kernel keeps until its last copy closes, and an OFD lock lives exactly as long as its
+//! description. So the memory of allocation `id` is marked by read locks on one byte,
+//! `LOCK_BASE + id`, wherever it can still be reached from:
+//! - each export locks that byte of the exported description;
+//! - each process that imports it (`intercept::shareable::keep`, whatever its group, or none)
+//!   locks that byte of a private memfd of its own from before its driver call until its import
+//!   ends, so an importer that closed the fd still shows, in any group, and a process's death
+//!   drops its locks as the driver drops its imports;
+//! - a re-export of an import locks the same byte of its new description.
+//!
+//! Ids are the group's: a bijection of a counter, scrambled with a random seed the group's
+//! creator draws, so that two groups' ids (every lock on the machine is in one list) do not meet
+//! by accident. An export writes a [`Record`]: the exported file (device and inode, as
+//! `/proc/locks` names them), the id and the bytes. `/proc/locks` lists every OFD lock of the
+//! machine, whatever the process (a reader trusts its view only when it lists the reader's own
+//! probe lock, [`proc_locks`]). A lock keeps an allocation when its range covers the id's byte and
+//! it either starts in vramcap's bytes (an export, a re-export or an import: any file) or is on a
+//! file one of the allocation's exports recorded (an application's own whole-file lock on its
+//! exported fd merges with ours into one range starting at 0). An allocation that two readings of
+//! the list in a row show without such a lock ([`CLOSED`]) has no fd and no import left anywhere:
+//! nobody can reach it any more (a lock on it is only taken by a process that holds an fd or an
+//! import of it, which showed), so its memory is free on the device. Two readings, because the
+//! kernel prints a long list a page at a time and a lock removed earlier in the list between two
+//! pages shifts the rest: one reading can skip a lock that stayed.
 //!
 //! When a member ends, [`Shared::reclaim`] keeps all it exported in `held` and
-//! [`Shared::settle_records`] makes its records stand for exactly that (and frees its import
-//! records); [`Shared::sweep_exports`] (run by `reclaim_in`: at a member's start, before any
-//! denial, by the sidecar and by `vramcap limit`) marks an ended allocation whose every lock is
-//! gone [`CLOSED`], and gives it back once no import record of it is left (the last import's end
-//! does it too, [`Shared::import_of_ended`]; to `orphans` while a member holds an import of unknown
-//! origin). What cannot be
-//! decided stays charged: an export that could not be watched (another handle type, a file that
-//! takes no lock, a `/proc/locks` that did not show the lock, the records full) leaves its bytes
-//! in `unsure` or marks its allocation's records [`UNSURE`]; `vramcap limit --group NAME` shows
-//! them and `--drop-exports` gives them back ([`Shared::drop_exports`]).
+//! [`Shared::settle_records`] makes its records stand for exactly that; [`Shared::sweep_exports`]
+//! (run by `reclaim_in`: at a member's start, before any denial, by the sidecar and by `vramcap
+//! limit`) gives back an ended allocation it finds closed (to `orphans`, which go back once no
+//! member holds an import of unknown origin: one whose fd carried no lock it could read). What
+//! cannot be decided stays charged: an export that could not be watched (another handle type, a
+//! file that takes no lock, a `/proc/locks` that did not show the lock, the records full) leaves
+//! its bytes in `unsure` or marks its allocation's records [`UNSURE`]; `vramcap limit --group
+//! NAME` shows them and `--drop-exports` gives them back ([`Shared::drop_exports`]).
 
 use super::shm::{DEVICES, SLOTS, Shared, SlotWord, State, holder_token};
 use std::sync::atomic::AtomicU64;
@@ -47,12 +57,13 @@ const WRITING: u64 = 1 << 63;
 const SWEEPING: u64 = 1 << 62;
 /// `Record::flags`: another export of the same allocation could not be watched.
 pub const UNSURE: u64 = 1;
-/// `Record::flags`: not an export but an import of allocation `id` that member `owner` holds (a
-/// reference or a mapping): the allocation's memory lives while any is held.
-pub const IMPORT: u64 = 2;
-/// `Record::flags`: no open description of the export is left (the lock was gone from
-/// `/proc/locks`; once gone it cannot come back): only imports keep it.
+/// `Record::flags`: no open description and no import of the allocation is left (its byte was
+/// uncovered in `/proc/locks`; once gone it cannot come back).
 pub const CLOSED: u64 = 4;
+/// Ids are below this (their bytes below the probe's, `2 * LOCK_BASE`).
+const ID_MASK: u64 = LOCK_BASE - 1;
+/// An odd multiplier: `x -> x * SCRAMBLE + seed` is a bijection modulo 2^40.
+const SCRAMBLE: u64 = 0x9e37_79b9_7f4a_7c15 & ID_MASK | 1;
 
 #[repr(C, align(64))]
 pub struct Record {
@@ -76,17 +87,27 @@ pub struct Record {
 
 #[repr(C)]
 pub struct Kept {
-    /// The last export id handed out (ids start at 1).
+    /// Export ids handed out so far (the counter scrambled into ids).
     pub next_id: AtomicU64,
+    /// Drawn at random by the group's creator ([`Shared::init`]): scrambles the ids.
+    pub seed: AtomicU64,
     /// Per device entry: bytes ended members exported that no record describes (an export that
     /// could not be watched): kept until an operator drops them.
     pub unsure: [AtomicU64; DEVICES],
     pub records: [Record; RECORDS],
 }
 
-/// A file's identity as `/proc/locks` prints it, and a lock byte: (`major << 32 | minor`, inode,
-/// byte).
-pub type Lock = (u64, u64, u64);
+/// An OFD lock as `/proc/locks` prints it: the file (`major << 32 | minor`, inode) and the bytes it
+/// covers (first, last; `u64::MAX` for `EOF`).
+pub type Lock = (u64, u64, u64, u64);
+
+/// Whether `lock` keeps allocation `id` reachable: its range covers the id's byte, and it starts
+/// in vramcap's bytes or is on one of the allocation's exported `files`.
+pub fn keeps(lock: &Lock, id: u64, files: &[(u64, u64)]) -> bool {
+    let Some(byte) = LOCK_BASE.checked_add(id) else { return true };
+    let &(dev, ino, first, last) = lock;
+    first <= byte && byte <= last && (first >= LOCK_BASE || files.contains(&(dev, ino)))
+}
 
 /// The records of one exported allocation.
 struct Allocation {
@@ -99,25 +120,32 @@ struct Allocation {
     busy: bool,
     /// Every export record is [`CLOSED`].
     closed: bool,
-    /// Import records of it (members hold the memory mapped or referenced).
-    imports: usize,
 }
 
 /// What the group keeps of ended members' exports on one device entry (`vramcap limit`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KeptBytes {
-    /// An fd of it may still be open somewhere (its lock was there at the last look).
+    /// An fd of it may still be open somewhere, or a process imports it (a lock of it was there at
+    /// the last look).
     pub open: u64,
     /// Could not be watched: given back only by an operator.
     pub unsure: u64,
-    /// No fd left, mapped by importers: given back when their imports end.
+    /// No fd and no watched import left: given back when the members' imports of unknown origin end.
     pub imported: u64,
 }
 
 impl Shared {
-    /// A new export id (never 0), one per exported allocation.
+    /// A new export id (never 0, below `LOCK_BASE`), one per exported allocation: distinct within
+    /// the group for 2^40 exports, scattered by the group's seed across groups.
     pub fn new_export_id(&self) -> u64 {
-        self.kept.next_id.fetch_add(1, AcqRel) + 1
+        let seed = self.kept.seed.load(Relaxed);
+        loop {
+            let n = self.kept.next_id.fetch_add(1, AcqRel).wrapping_add(1);
+            let id = n.wrapping_mul(SCRAMBLE).wrapping_add(seed) & ID_MASK;
+            if id != 0 {
+                return id;
+            }
+        }
     }
 
     /// Records an export of member `i` (`bytes` on entry `e`, the file `dev`/`ino` locked at the
@@ -125,24 +153,6 @@ impl Shared {
     /// False when every record is taken: the caller marks the allocation unsure.
     pub fn record_export(&self, i: usize, e: usize, bytes: u64, dev: u64, ino: u64, id: u64, unsure: bool) -> bool {
         self.write_record(i, e, bytes, (dev, ino), id, if unsure { UNSURE } else { 0 })
-    }
-
-    /// Member `i` holds one more import of allocation `id` (from before its driver call, so that a
-    /// sweep that finds the exported fd closed sees it). False when every record is taken: the
-    /// caller counts it as an import of unknown origin.
-    pub fn import_of(&self, i: usize, id: u64) -> bool {
-        self.write_record(i, 0, 0, (0, 0), id, IMPORT)
-    }
-
-    /// Member `i` no longer holds that import: the allocation goes back if it was the last one
-    /// and no fd of it is left. Returns the bytes given back.
-    pub fn import_of_ended(&self, i: usize, id: u64) -> u64 {
-        let token = holder_token(i, SlotWord::unpack(self.slots[i].word.load(Acquire)).generation);
-        let mine = self.kept.records.iter().find(|r| {
-            r.owner.load(Acquire) == token && r.id.load(Relaxed) == id && r.flags.load(Acquire) & IMPORT != 0
-        });
-        // SeqCst: the sweep marks CLOSED, then counts imports; we free ours, then look at CLOSED.
-        if mine.is_some_and(|r| r.owner.compare_exchange(token, 0, SeqCst, Relaxed).is_ok()) { self.give_back_closed(id) } else { 0 }
     }
 
     fn write_record(&self, i: usize, e: usize, bytes: u64, (dev, ino): (u64, u64), id: u64, flags: u64) -> bool {
@@ -168,7 +178,7 @@ impl Shared {
     pub fn export_unsure(&self, i: usize, id: u64) {
         let token = holder_token(i, SlotWord::unpack(self.slots[i].word.load(Acquire)).generation);
         for r in &self.kept.records {
-            if r.owner.load(Acquire) & !WRITING == token && r.id.load(Relaxed) == id && r.flags.load(Acquire) & IMPORT == 0 {
+            if r.owner.load(Acquire) & !WRITING == token && r.id.load(Relaxed) == id {
                 r.flags.fetch_or(UNSURE, AcqRel);
             }
         }
@@ -177,20 +187,15 @@ impl Shared {
     /// Member `i` (of `generation`) ended keeping `kept[e]` exported bytes in `held` on each entry:
     /// its records are made to stand for no more than that (in record order), what no record
     /// describes goes to `unsure`, and records it had not finished writing are freed. A takeover
-    /// of an interrupted reclaim runs it again with nothing kept: records only ever shrink.
+    /// of an interrupted reclaim runs it again with nothing kept: records only ever shrink. (Its
+    /// imports ended with it: the kernel dropped their locks with its files.)
     pub(super) fn settle_records(&self, i: usize, generation: u32, kept: &[u64; DEVICES]) {
         let token = holder_token(i, generation);
         let mut left = *kept;
-        let mut imported = Vec::new();
         for r in &self.kept.records {
             let o = r.owner.load(Acquire);
             if o == token | WRITING {
                 let _ = r.owner.compare_exchange(o, 0, AcqRel, Relaxed);
-            } else if o == token && r.flags.load(Acquire) & IMPORT != 0 {
-                // Its imports end with it (the driver unmaps a dead process's memory).
-                if r.owner.compare_exchange(o, 0, SeqCst, Relaxed).is_ok() {
-                    imported.push(r.id.load(Relaxed));
-                }
             } else if o == token {
                 let e = (r.entry.load(Relaxed) as usize).min(DEVICES - 1);
                 let b = r.bytes.load(Relaxed);
@@ -205,9 +210,6 @@ impl Shared {
             if b > 0 {
                 self.kept.unsure[e].fetch_add(b, AcqRel);
             }
-        }
-        for id in imported {
-            self.give_back_closed(id);
         }
     }
 
@@ -236,29 +238,23 @@ impl Shared {
         let mut out: Vec<Allocation> = Vec::new();
         for (id, k, o, flags) in all {
             if out.last().is_none_or(|a| a.id != id) {
-                out.push(Allocation { id, records: Vec::new(), imports: 0, unsure: false, busy: false, closed: true });
+                out.push(Allocation { id, records: Vec::new(), unsure: false, busy: false, closed: true });
             }
             let a = out.last_mut().unwrap();
-            if flags & IMPORT != 0 {
-                // Being written or not, held by a live member or a dead one not yet reclaimed.
-                a.imports += 1;
-                continue;
-            }
             a.records.push((k, o));
             a.unsure |= flags & UNSURE != 0;
             a.busy |= o & (WRITING | SWEEPING) != 0 || !self.ended(o);
             a.closed &= flags & CLOSED != 0;
         }
-        out.retain(|a| !a.records.is_empty());
         out
     }
 
     /// Gives allocation `id` back (to `orphans`, then to the group if no member holds an import of
-    /// unknown origin) if its exporter ended, no fd of it is left and no member imports it.
+    /// unknown origin) if its exporter ended and no fd or import of it is left.
     fn give_back_closed(&self, id: u64) -> u64 {
         let mut moved = 0u64;
         for a in self.allocations(Some(id)) {
-            if !a.busy && !a.unsure && a.closed && a.imports == 0 {
+            if !a.busy && !a.unsure && a.closed {
                 moved = a.records.iter().fold(moved, |m, &(k, o)| m.saturating_add(self.give_record(k, o)));
             }
         }
@@ -268,40 +264,47 @@ impl Shared {
         moved
     }
 
-    /// Gives back (to `orphans`, then to the group when no member holds an import) the exported
-    /// memory of ended members whose every exported description is closed (no lock of the
-    /// allocation's in `locks()`: `/proc/locks`, read only when there is something to decide;
-    /// `None`: unreadable, nothing decided) and that no member imports. Returns the bytes moved.
+    /// Gives back (to `orphans`, then to the group when no member holds an import of unknown
+    /// origin) the exported memory of ended members that no lock in `locks()` keeps ([`keeps`]:
+    /// no fd of it open and no process importing it; `/proc/locks`, read only when there is
+    /// something to decide, twice: an allocation is closed only when neither reading keeps it;
+    /// `None`: unreadable, nothing decided). Returns the bytes moved.
     ///
-    /// An importer counts its import before its driver call and closes the fd after it, and the
-    /// kernel's lock list orders that close before our reading of it: an allocation found with no
-    /// lock left has every import already counted (an import record, or one of unknown origin,
-    /// which `release_orphans` waits for).
+    /// An importer locks the id's byte before its driver call and closes the fd after it, so the
+    /// kernel's list shows the fd's lock or the import's at every moment in between.
     pub fn sweep_exports(&self, locks: &dyn Fn() -> Option<Vec<Lock>>) -> u64 {
-        let candidates: Vec<_> = self.allocations(None).into_iter().filter(|a| !a.busy && !a.unsure).collect();
+        let mut candidates: Vec<_> = self.allocations(None).into_iter().filter(|a| !a.busy && !a.unsure).collect();
         if candidates.is_empty() {
             return 0;
         }
-        let locks = if candidates.iter().all(|a| a.closed) { Some(Vec::new()) } else { locks() };
+        for _reading in 0..2 {
+            if candidates.iter().all(|a| a.closed) {
+                break;
+            }
+            let Some(locks) = locks() else {
+                candidates.retain(|a| a.closed);
+                break;
+            };
+            candidates.retain(|a| a.closed || !self.kept_by(a, &locks));
+        }
         let mut moved = 0u64;
         for a in candidates {
-            if !a.closed {
-                let Some(locks) = &locks else { continue };
-                // An id no lock byte can have (a damaged ledger) counts as open: kept.
-                let open = a.records.iter().any(|&(k, _)| {
-                    let r = &self.kept.records[k];
-                    LOCK_BASE.checked_add(a.id).is_none_or(|b| locks.contains(&(r.dev.load(Relaxed), r.ino.load(Relaxed), b)))
-                });
-                if open {
-                    continue;
-                }
-                for &(k, _) in &a.records {
-                    self.kept.records[k].flags.fetch_or(CLOSED, SeqCst);
-                }
+            for &(k, _) in &a.records {
+                self.kept.records[k].flags.fetch_or(CLOSED, SeqCst);
             }
             moved = moved.saturating_add(self.give_back_closed(a.id));
         }
         moved
+    }
+
+    /// Whether a lock in `locks` keeps allocation `a` (its exports' files as recorded).
+    fn kept_by(&self, a: &Allocation, locks: &[Lock]) -> bool {
+        let files: Vec<(u64, u64)> = a
+            .records
+            .iter()
+            .map(|&(k, _)| (self.kept.records[k].dev.load(Relaxed), self.kept.records[k].ino.load(Relaxed)))
+            .collect();
+        locks.iter().any(|l| keeps(l, a.id, &files))
     }
 
     /// Frees record `k` (owned by `owner`) and moves its bytes to `orphans`; exactly one caller
@@ -344,9 +347,10 @@ impl Shared {
     }
 
     /// An operator's word that no process will import what the group keeps of ended members'
-    /// exports that it cannot decide (`unsure`) — and, with `open`, of those whose fd is still open
-    /// somewhere: they are treated as closed (given back now, or when the imports members hold of
-    /// them end). Returns the bytes given back now, per entry.
+    /// exports that it cannot decide (`unsure`) — and, with `open`, of those a lock still keeps
+    /// (an fd open somewhere, or a process importing it): they are treated as gone and given back
+    /// now (what imports of unknown origin keep, when those end). Returns the bytes given back now,
+    /// per entry.
     pub fn drop_exports(&self, open: bool) -> [u64; DEVICES] {
         let mut out = [0u64; DEVICES];
         for (e, o) in out.iter_mut().enumerate() {
@@ -356,9 +360,8 @@ impl Shared {
                 *o += b;
             }
         }
-        // The operator's word stands for the fd: as if every copy were closed. An allocation a
-        // live member still exports, or one being written or swept, is left alone; what importers
-        // map goes when their imports end.
+        // The operator's word stands for the locks: as if every fd and import were gone. An
+        // allocation a live member still exports, or one being written or swept, is left alone.
         for a in self.allocations(None).into_iter().filter(|a| !a.busy && (a.unsure || (open && !a.closed))) {
             for &(k, _) in &a.records {
                 let r = &self.kept.records[k];
@@ -373,6 +376,18 @@ impl Shared {
     }
 }
 
+/// 64 random bits for a new group's id seed (`getrandom`; the clock and pid if it fails: ids only
+/// need to differ between groups by accident, never against an adversary).
+pub fn random_seed() -> u64 {
+    let mut b = [0u8; 8];
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, libc::GRND_NONBLOCK) };
+    if n == 8 {
+        return u64::from_ne_bytes(b);
+    }
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    t ^ (u64::from(std::process::id()) << 40)
+}
+
 /// A lock byte past every id: this process's own probe (ids count exports, far below 2^40).
 const PROBE_BYTE: u64 = LOCK_BASE << 1;
 
@@ -382,7 +397,7 @@ const PROBE_BYTE: u64 = LOCK_BASE << 1;
 pub fn proc_locks() -> Option<Vec<Lock>> {
     let probe = probe()?;
     let locks = parse_locks(&std::fs::read_to_string("/proc/locks").ok()?);
-    locks.contains(&probe).then_some(locks)
+    locks.iter().any(|l| (l.0, l.1) == (probe.0, probe.1) && l.2 <= probe.2 && probe.2 <= l.3).then_some(locks)
 }
 
 /// This process's probe: an OFD lock on [`PROBE_BYTE`] of a memfd of its own, kept for the life
@@ -394,13 +409,14 @@ fn probe() -> Option<Lock> {
     static STATE: AtomicU64 = AtomicU64::new(0);
     static WORDS: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
     if STATE.load(Acquire) == 2 {
-        return Some((WORDS[0].load(Relaxed), WORDS[1].load(Relaxed), WORDS[2].load(Relaxed)));
+        let byte = WORDS[2].load(Relaxed);
+        return Some((WORDS[0].load(Relaxed), WORDS[1].load(Relaxed), byte, byte));
     }
     let fd = unsafe { libc::memfd_create(c"vramcap-locks-probe".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
         return None;
     }
-    let found = lock_byte(fd, PROBE_BYTE).then(|| fd_locks(fd)).flatten().and_then(|l| l.into_iter().find(|x| x.2 == PROBE_BYTE));
+    let found = lock_byte(fd, PROBE_BYTE).then(|| fd_locks(fd)).flatten().and_then(|l| l.into_iter().find(|x| x.2 == PROBE_BYTE && x.3 == PROBE_BYTE));
     let Some(lock) = found else {
         unsafe { libc::close(fd) };
         return None;
@@ -416,17 +432,26 @@ fn probe() -> Option<Lock> {
 
 /// Takes an OFD read lock on `byte` of open file description `fd`.
 pub fn lock_byte(fd: i32, byte: u64) -> bool {
+    set_byte(fd, byte, libc::F_RDLCK)
+}
+
+/// Drops the OFD lock on `byte` of open file description `fd`.
+pub fn unlock_byte(fd: i32, byte: u64) -> bool {
+    set_byte(fd, byte, libc::F_UNLCK)
+}
+
+fn set_byte(fd: i32, byte: u64, kind: i32) -> bool {
     let Ok(start) = i64::try_from(byte) else { return false };
     let mut l: libc::flock = unsafe { std::mem::zeroed() };
-    l.l_type = libc::F_RDLCK as i16;
+    l.l_type = kind as i16;
     l.l_whence = libc::SEEK_SET as i16;
     l.l_start = start;
     l.l_len = 1;
     unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &l) == 0 }
 }
 
-/// The OFD locks at or past [`LOCK_BASE`] that this process's open file description `fd` holds
-/// (`/proc/self/fdinfo`, lines `lock:\t1: OFDLCK ...`); `None` if it cannot be read.
+/// The OFD locks reaching [`LOCK_BASE`] or past that this process's open file description `fd`
+/// holds (`/proc/self/fdinfo`, lines `lock:\t1: OFDLCK ...`); `None` if it cannot be read.
 pub fn fd_locks(fd: i32) -> Option<Vec<Lock>> {
     let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
     let lines: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("lock:")).collect();
@@ -434,7 +459,8 @@ pub fn fd_locks(fd: i32) -> Option<Vec<Lock>> {
 }
 
 /// Lines like `4: OFDLCK ADVISORY  READ -1 00:01:1025 1099511627781 1099511627781` (device in
-/// hex); a waiter (`->`) holds nothing.
+/// hex; the last byte `EOF` for a lock to the end of the file) whose range reaches [`LOCK_BASE`];
+/// a waiter (`->`) holds nothing.
 pub fn parse_locks(text: &str) -> Vec<Lock> {
     let mut out = Vec::new();
     for line in text.lines() {
@@ -443,16 +469,18 @@ pub fn parse_locks(text: &str) -> Vec<Lock> {
             continue;
         }
         let file: Vec<&str> = f[5].split(':').collect();
-        let (Some(maj), Some(min), Some(ino), Ok(start)) = (
+        let last = if f[7] == "EOF" { Ok(u64::MAX) } else { f[7].parse::<u64>() };
+        let (Some(maj), Some(min), Some(ino), Ok(first), Ok(last)) = (
             file.first().and_then(|x| u64::from_str_radix(x, 16).ok()),
             file.get(1).and_then(|x| u64::from_str_radix(x, 16).ok()),
             file.get(2).and_then(|x| x.parse::<u64>().ok()),
             f[6].parse::<u64>(),
+            last,
         ) else {
             continue;
         };
-        if start >= LOCK_BASE {
-            out.push((maj << 32 | min, ino, start));
+        if last >= LOCK_BASE && first <= last {
+            out.push((maj << 32 | min, ino, first, last));
         }
     }
     out

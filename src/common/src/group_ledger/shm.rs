@@ -40,7 +40,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VRAMCAPG");
 /// an ended member's exported memory stays in `held` until no open file description of it is
 /// left (then it lives only in imports: `orphans`); a version 6 member would give it back with
 /// its exporter, while an fd sent and not yet imported keeps the memory alive.
-pub const VERSION: u32 = 7;
+/// 8 (issue 23, imports and ids): imports are locks, not records (a version 7 member's import
+/// records would read as exports), and ids are scrambled with the group's `kept.seed`.
+pub const VERSION: u32 = 8;
 pub const DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
 pub const NAME_BYTES: usize = 64;
@@ -311,6 +313,7 @@ impl Shared {
             w.store(u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap()), Relaxed);
         }
         h.version.store(VERSION, Relaxed);
+        self.kept.seed.store(super::kept::random_seed(), Relaxed);
         h.layout_bytes.store(LAYOUT_BYTES as u32, Relaxed);
         h.devices.store(DEVICES as u32, Relaxed);
         h.slots.store(SLOTS as u32, Relaxed);

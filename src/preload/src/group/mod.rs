@@ -480,20 +480,6 @@ pub fn import_ended() {
     }
 }
 
-/// This member holds one more import of the group's exported allocation `id` (`group_ledger::kept`);
-/// false: not recorded (count it with [`import_began`]).
-pub fn import_of(id: u64) -> bool {
-    let Some(s) = shared() else { return false };
-    my_slot(s).is_some_and(|slot| s.import_of(slot, id))
-}
-
-/// This member no longer holds that import.
-pub fn import_of_ended(id: u64) {
-    if let Some((s, slot)) = me() {
-        s.import_of_ended(slot, id);
-    }
-}
-
 /// Gives back what dead members of this process's group hold; returns (members, bytes).
 /// The sidecar calls this (or [`reclaim_in`] on a ledger it opened) periodically.
 pub fn reclaim_dead() -> (usize, u64) {

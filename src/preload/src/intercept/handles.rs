@@ -12,10 +12,12 @@
 //! was imported, which this process cannot see: an exported allocation is never ended here, and
 //! its charge stays for the life of the process. In a group its bytes are marked exported in the
 //! member's slot and each export is recorded with its locked file (`shareable`), so that when this
-//! process ends they stay the group's while an fd of them is open anywhere or another member holds
-//! an import (`group_ledger::kept`). A handle imported from another process (`foreign`) is
-//! charged nowhere here (its exporter is charged), but its lifetime is followed the same way
-//! (references and mappings): while it lasts, this member holds an import.
+//! process ends they stay the group's while an fd of them is open anywhere or any process holds an
+//! import (`group_ledger::kept`). A handle imported from another process (`foreign`) is charged
+//! nowhere here (its exporter is charged), but its lifetime is followed the same way (references
+//! and mappings): while it lasts, this process holds an import, shown by a lock
+//! (`shareable::keep`) or, in a group, counted as one of unknown origin; a re-export of it
+//! carries its allocation's lock.
 //!
 //! Mapped ranges are kept as pieces; an unmap subtracts its range from whatever it overlaps
 //! (a driver that refuses sub-range unmaps leaves nothing to subtract; one that allows them leaves
@@ -56,10 +58,10 @@ struct Alloc {
     exported: bool,
     /// In a group, the id its exports lock (`shareable`): 0 none yet, [`UNWATCHED`] an export of
     /// it could not be watched or recorded (the group keeps it until an operator drops it). For a
-    /// `foreign` allocation: the group's id of the allocation it imports (0: unknown).
+    /// `foreign` allocation: the id of the allocation it imports (0: unknown), its lock held.
     export_id: u64,
     /// Imported from another process's shareable handle: no charge here; its end is the end of
-    /// one of this group member's imports.
+    /// one of this process's imports.
     foreign: bool,
 }
 
@@ -326,7 +328,7 @@ pub fn export_begin(handle: u64) -> Option<u64> {
 pub fn export_end(id: Option<u64>, t: Timed, watch: impl FnOnce(u64) -> Option<(u64, u64)>) {
     let Some(id) = id else { return };
     let mut gone = Vec::new();
-    let mut marked = None;
+    let (mut marked, mut reexport) = (None, None);
     with(|tb| {
         if let Some(a) = tb.allocs.get_mut(&id) {
             a.pending -= 1;
@@ -340,6 +342,9 @@ pub fn export_end(id: Option<u64>, t: Timed, watch: impl FnOnce(u64) -> Option<(
                     a.export_id = crate::group::new_export_id().unwrap_or(UNWATCHED);
                 }
                 marked = ledger::peek(Kind::VmmHandle, a.key).map(|c| (c, first, a.export_id));
+            } else if t.rc == CUDA_SUCCESS && a.foreign && a.export_id != 0 {
+                // A re-export of an import: its new description carries the allocation's lock.
+                reexport = Some(a.export_id);
             }
         }
         tb.end_if_dead(id, &mut gone);
@@ -350,6 +355,12 @@ pub fn export_end(id: Option<u64>, t: Timed, watch: impl FnOnce(u64) -> Option<(
         if xid != UNWATCHED {
             record(id, xid, dev, size, watch(xid));
         }
+    } else if let Some(xid) = reexport
+        && watch(xid).is_none()
+    {
+        // Unwatched, it would let the exporter's group forget memory this fd keeps: if that
+        // group is ours, an unsure record keeps the allocation until an operator drops it.
+        crate::group::record_export(0, 0, xid, None);
     }
     charge_off(Hook::cuMemExportToShareableHandle, t, gone);
 }
@@ -458,9 +469,9 @@ fn add_ref(t: &mut Table, handle: u64) {
     }
 }
 
-/// How this member counts an import in flight: not at all (outside a group), as one import of
-/// unknown origin, or as an import of the group's exported allocation `id` (`group_ledger::kept`:
-/// it keeps that allocation alone charged).
+/// How this process counts an import in flight: not at all, as one of the group member's imports
+/// of unknown origin, or as an import of watched allocation `id` (`shareable::keep`: its lock
+/// shows the exporter's group, whichever it is, that this process holds it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counted {
     No,
@@ -469,17 +480,17 @@ pub enum Counted {
 }
 
 /// Before `cuMemImportFromShareableHandle` of a handle exported from allocation `from` (as its
-/// fd's lock says, `shareable::imported_id`): in a group, this member counts the import it may
-/// hold from before the driver call on (an exporter ending meanwhile must see it), until
-/// [`import_end`] finds it was none.
+/// fd's lock says, `shareable::imported_id`): the import this process may hold is shown from
+/// before the driver call on (an fd closed meanwhile must find it shown), until [`import_end`]
+/// finds it was none.
 pub fn import_begin(from: Option<u64>) -> Counted {
-    if !crate::group::active() {
-        return Counted::No;
-    }
     if let Some(id) = from
-        && crate::group::import_of(id)
+        && super::shareable::keep(id)
     {
         return Counted::Of(id);
+    }
+    if !crate::group::active() {
+        return Counted::No;
     }
     crate::group::import_began();
     Counted::Unknown
@@ -489,13 +500,13 @@ fn end_import(c: Counted) {
     match c {
         Counted::No => {}
         Counted::Unknown => crate::group::import_ended(),
-        Counted::Of(id) => crate::group::import_of_ended(id),
+        Counted::Of(id) => super::shareable::release(id),
     }
 }
 
 /// After the import: a handle of ours (exported by this very process) gains a reference; any
-/// other is memory another process is charged for, followed (in a group) as one of this member's
-/// imports until its last reference and mapping go.
+/// other is memory another process is charged for, followed (when counted) as one of this
+/// process's imports until its last reference and mapping go.
 pub fn import_end(counted: Counted, handle: impl FnOnce() -> u64, t: Timed) {
     let mut gone = Vec::new();
     let foreign = t.rc == CUDA_SUCCESS
@@ -526,11 +537,14 @@ static FORK_HANDLERS: std::sync::Once = std::sync::Once::new();
 pub(super) fn install_fork_handlers() {
     extern "C" fn prepare() {
         TABLE.acquire_for_fork();
+        super::shareable::keeper_prepare();
     }
     extern "C" fn parent() {
+        super::shareable::keeper_parent();
         TABLE.release_after_fork();
     }
     extern "C" fn child() {
+        super::shareable::keeper_child();
         TABLE.reset_in_child();
     }
     FORK_HANDLERS.call_once(|| unsafe {

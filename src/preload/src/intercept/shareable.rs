@@ -1,13 +1,16 @@
-//! Exported file descriptors, watched (issue 23; the group's side, and why a lock tells, is
-//! `vramcap_common::group_ledger::kept`). Each export of an allocation takes an OFD read lock on
-//! byte `LOCK_BASE + id` of the exported open file description (`id`: the allocation's, handed out
-//! by the group): the lock lives exactly as long as some copy of that fd is open, in whatever
-//! process, and `/proc/locks` lists it for whoever looks. vramcap keeps no fd of its own and never
-//! closes the application's: its copy is the application's to use and close.
+//! Exported file descriptors and imports, watched (issue 23; the group's side, and why a lock
+//! tells, is `vramcap_common::group_ledger::kept`). Each export of an allocation takes an OFD read
+//! lock on byte `LOCK_BASE + id` of the exported open file description (`id`: the allocation's,
+//! handed out by the group): the lock lives exactly as long as some copy of that fd is open, in
+//! whatever process, and `/proc/locks` lists it for whoever looks. vramcap never closes the
+//! application's fds: its copy is the application's to use and close. Each import of a watched
+//! allocation ([`keep`]) takes the same byte on a memfd of this process's own until the import
+//! ends, so the exporter's group (whichever it is) sees the memory held after the fd is closed.
 
+use crate::sync::Lock;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU8, Ordering};
-use vramcap_common::group_ledger::kept::{LOCK_BASE, fd_locks, lock_byte, proc_locks};
+use vramcap_common::group_ledger::kept::{LOCK_BASE, fd_locks, lock_byte, proc_locks, unlock_byte};
 
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: the shareable handle is an `int` fd.
 pub const POSIX_FD: c_int = 1;
@@ -29,26 +32,92 @@ pub unsafe fn watch(kind: c_int, shareable: *const c_void, id: u64) -> Option<(u
     if fd < 0 || !lock_byte(fd, byte) {
         return None;
     }
-    let lock = fd_locks(fd)?.into_iter().find(|l| l.2 == byte)?;
+    // Any range covering the byte: the application may hold a lock of its own that merged with it.
+    let lock = fd_locks(fd)?.into_iter().find(|l| l.2 <= byte && byte <= l.3)?;
     visible(lock).then_some((lock.0, lock.1))
 }
 
 /// The allocation a shareable handle of type `kind` about to be imported (`os`, an fd passed by
 /// value) was exported from, as its exporter's lock on the received description says; `None`: no
-/// such lock, or more than one (the import is then counted without its allocation).
+/// such lock, or one that does not tell (several, or merged with another range: the import is
+/// then counted without its allocation).
 pub fn imported_id(kind: c_int, os: *const c_void) -> Option<u64> {
     if kind != POSIX_FD {
         return None;
     }
-    let locks = fd_locks(os as usize as c_int)?;
-    let mut ids = locks.iter().map(|l| l.2 - LOCK_BASE);
-    let id = ids.next()?;
-    ids.all(|x| x == id).then_some(id)
+    match fd_locks(os as usize as c_int)?.as_slice() {
+        [(_, _, first, last)] if first == last && *first >= LOCK_BASE => Some(first - LOCK_BASE),
+        _ => None,
+    }
+}
+
+/// This process's imports of watched allocations: a memfd of its own (close-on-exec, never
+/// shared: a forked child drops its copy) locked at each imported id's byte, with a count per id
+/// (one lock stands for all of a process's imports of an allocation).
+struct Keeper {
+    fd: c_int,
+    held: Vec<(u64, u32)>,
+}
+
+static KEEPER: Lock<Keeper> = Lock::new(Keeper { fd: -1, held: Vec::new() });
+
+/// This process holds one more import of allocation `id`, from now (before the driver call) until
+/// [`release`]: false if it cannot be shown (no memfd, no lock), and the import is counted
+/// without its allocation.
+pub fn keep(id: u64) -> bool {
+    let Some(byte) = LOCK_BASE.checked_add(id) else { return false };
+    let mut k = KEEPER.lock();
+    if let Some(e) = k.held.iter_mut().find(|e| e.0 == id) {
+        e.1 += 1;
+        return true;
+    }
+    if k.fd < 0 {
+        k.fd = unsafe { libc::memfd_create(c"vramcap-imports".as_ptr(), libc::MFD_CLOEXEC) };
+    }
+    if k.fd < 0 || !lock_byte(k.fd, byte) {
+        return false;
+    }
+    k.held.push((id, 1));
+    true
+}
+
+/// One import of allocation `id` that [`keep`] showed has ended.
+pub fn release(id: u64) {
+    let mut k = KEEPER.lock();
+    let Some(i) = k.held.iter().position(|e| e.0 == id) else { return };
+    k.held[i].1 -= 1;
+    if k.held[i].1 == 0 {
+        k.held.swap_remove(i);
+        // Cannot fail on a byte we locked; if it did, the lock would keep the memory (stricter).
+        unlock_byte(k.fd, LOCK_BASE + id);
+    }
+}
+
+/// For `pthread_atfork`, after the handle table's lock: the keeper's lock.
+pub(super) fn keeper_prepare() {
+    KEEPER.acquire_for_fork();
+}
+
+pub(super) fn keeper_parent() {
+    KEEPER.release_after_fork();
+}
+
+/// The child holds none of its parent's imports, and must not unlock them: its copy of the
+/// memfd is the parent's description (locks are the description's), so it closes it.
+pub(super) fn keeper_child() {
+    KEEPER.reset_in_child();
+    let mut k = KEEPER.lock();
+    if k.fd >= 0 {
+        unsafe { libc::close(k.fd) };
+    }
+    k.fd = -1;
+    // Not dropped: freeing in a forked child of a multithreaded process is not safe.
+    std::mem::forget(std::mem::take(&mut k.held));
 }
 
 /// Whether `/proc/locks` here shows our locks, asked with the first one (whoever decides later
 /// reads the same kernel list): a system where it does not leaves every export undecidable.
-fn visible(lock: (u64, u64, u64)) -> bool {
+fn visible(lock: (u64, u64, u64, u64)) -> bool {
     // 0: not asked yet; 1: shown; 2: not shown.
     static SEEN: AtomicU8 = AtomicU8::new(0);
     match SEEN.load(Ordering::Acquire) {
@@ -71,7 +140,7 @@ mod tests {
     }
 
     fn listed(file: (u64, u64), id: u64) -> bool {
-        proc_locks().unwrap().contains(&(file.0, file.1, LOCK_BASE + id))
+        proc_locks().unwrap().contains(&(file.0, file.1, LOCK_BASE + id, LOCK_BASE + id))
     }
 
     /// The lock shows while any copy of the exported description is open (here a dup, as
