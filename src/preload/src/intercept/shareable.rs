@@ -66,6 +66,8 @@ static KEEPER: Lock<Keeper> = Lock::new(Keeper { fd: -1, held: Vec::new() });
 /// without its allocation.
 pub fn keep(id: u64) -> bool {
     let Some(byte) = LOCK_BASE.checked_add(id) else { return false };
+    // A fork during the import must find the child's handler in place.
+    super::handles::install_fork_handlers();
     let mut k = KEEPER.lock();
     if let Some(e) = k.held.iter_mut().find(|e| e.0 == id) {
         e.1 += 1;
