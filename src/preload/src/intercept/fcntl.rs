@@ -10,8 +10,9 @@
 //! range, computed as the kernel computes it, is unlocked except for `[LOCK_BASE, LOCK_END)`,
 //! which no application or driver uses. Everything else reaches the real `fcntl` as it came.
 //!
-//! Not covered (docs/coverage.md): a raw `syscall(SYS_fcntl, ..)`, and a process that holds a
-//! copy of the fd without vramcap preloaded.
+//! Not covered (docs/coverage.md): a raw `syscall(SYS_fcntl, ..)`, glibc's `__fcntl` (another
+//! name of the same function, which programs do not call), and a process that holds a copy of
+//! the fd without vramcap preloaded.
 //!
 //! The hook allocates nothing, writes nothing and logs nothing: `fcntl` is async-signal-safe and
 //! called from everywhere (allocators, loggers, signal handlers). It reads no configuration
