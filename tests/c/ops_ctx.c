@@ -32,6 +32,10 @@
  *   fdack                -> fdack rc=N                  (answer the sender, close the connection)
  *   fdsend F PATH        -> fdsend rc=N                 (send fd F to PATH, wait for the answer,
  *                                                       close F here)
+ *   fdunlock F FROM      -> fdunlock rc=N app=A kept=K     (an OFD read lock of the application's on bytes
+ *                                                       16..31 of fd F, then an OFD unlock of [FROM, end)
+ *                                                       through libc's fcntl; A, K: the description's
+ *                                                       locks left starting in [FROM, 2^40) and past 2^40)
  *   exitfd F             -> exitfd rc=0; at exit again  (an atexit handler of the application: is fd F open?)
  *   waitfifo PATH        -> waitfifo rc=N               (block until the FIFO at PATH is opened for
  *                                                       writing and closed: the test says go)
@@ -158,6 +162,23 @@ static int recv_fd(int sock)
     return fd;
 }
 
+/* The locks of fd's open file description that /proc/self/fdinfo lists starting in [lo, hi). */
+static int locks_in(int fd, long long lo, long long hi)
+{
+    char path[64], line[256];
+    long long start;
+    int n = 0;
+    FILE *f;
+    snprintf(path, sizeof path, "/proc/self/fdinfo/%d", fd);
+    if (!(f = fopen(path, "r")))
+        return -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "lock: %*s %*s %*s %*s %*s %*s %lld", &start) == 1 && start >= lo && start < hi)
+            n++;
+    fclose(f);
+    return n;
+}
+
 /* The fd passing ops (see the list above): 1 + arguments used, or 0 for another op. */
 static int fd_op(const char *op, int argc, char **argv)
 {
@@ -201,6 +222,18 @@ static int fd_op(const char *op, int argc, char **argv)
             close(s);
         close(g_fd[k].fd);
         OUT("fdsend rc=%d", ok ? 0 : 1);
+        return 3;
+    }
+    if (!strcmp(op, "fdunlock")) {
+        int fd = g_fd[fd_at(FARG(0))].fd, rc;
+        long long from = client_parse_long(FARG(1));
+        struct flock l = { .l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 16, .l_len = 16 };
+        rc = fcntl(fd, F_OFD_SETLK, &l);
+        l.l_type = F_UNLCK;
+        l.l_start = from;
+        l.l_len = 0;
+        rc = rc || fcntl(fd, F_OFD_SETLK, &l);
+        OUT("fdunlock rc=%d app=%d kept=%d", rc ? 1 : 0, locks_in(fd, from, 1LL << 40), locks_in(fd, 1LL << 40, INT64_MAX));
         return 3;
     }
     if (!strcmp(op, "exitfd")) {

@@ -1,5 +1,6 @@
-//! The shared object exports exactly the hook table plus `dlsym`, and links nothing but the
-//! system libraries (no CLI crates in the preload library).
+//! The shared object exports exactly the hook table plus `dlsym`, `fcntl` and `fcntl64` (which
+//! keep vramcap's export locks, `intercept::fcntl`), and links nothing but the system libraries
+//! (no CLI crates in the preload library).
 
 use vramcap_tests::common;
 use common::*;
@@ -12,13 +13,15 @@ fn tool(args: &[&str]) -> String {
 }
 
 #[test]
-fn exports_only_driver_wrappers_and_dlsym() {
+fn exports_only_driver_wrappers_dlsym_and_fcntl() {
     let syms = tool(&["nm", "-D", "--defined-only"]);
     let names: Vec<&str> = syms.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();
     assert!(names.contains(&"dlsym"));
+    assert!(names.contains(&"fcntl") && names.contains(&"fcntl64"));
     assert!(names.contains(&"cuMemAlloc_v2") && names.contains(&"cuGetProcAddress_v2"));
     for n in &names {
-        assert!(n.starts_with("cu") || n.starts_with("nvml") || *n == "dlsym", "unexpected export {n}");
+        let ours = ["dlsym", "fcntl", "fcntl64"];
+        assert!(n.starts_with("cu") || n.starts_with("nvml") || ours.contains(n), "unexpected export {n}");
     }
 }
 

@@ -262,7 +262,7 @@ fn attack23_a_whole_file_read_lock_on_the_exported_fd_hides_the_export() {
 /// drop the lock with `F_OFD_SETLK F_UNLCK` and keep the fd: the sweep gives the memory back while
 /// the fd can still be imported. Cap bypass by the holder of an fd.
 #[test]
-#[ignore = "open (issue 23): a holder of the fd can remove the export's lock and keep the fd"]
+#[ignore = "documented limit (issue 23): a raw unlock outside a preloaded process; in one, intercept::fcntl keeps the lock (tests/group/exported_unlock.rs)"]
 fn attack23_unlocking_the_exported_fd_gives_the_memory_back_while_it_is_open() {
     let s = Shared::in_memory("x");
     let fd = unsafe { libc::memfd_create(c"attack23-unlock".as_ptr(), 0) };

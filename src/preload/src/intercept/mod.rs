@@ -7,6 +7,9 @@ pub mod books;
 pub mod charge;
 pub mod context;
 pub mod cubin;
+// The hooks rely on how these targets pass variadic arguments (see the module).
+#[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub mod fcntl;
 pub mod handles;
 pub mod graph;
 pub mod graph_nodes;
