@@ -447,7 +447,9 @@ fn set_byte(fd: i32, byte: u64, kind: i32) -> bool {
     l.l_whence = libc::SEEK_SET as i16;
     l.l_start = start;
     l.l_len = 1;
-    unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &l) == 0 }
+    // The system call itself: in the preload library `fcntl` is our own interposer, which keeps
+    // these bytes from any unlock (an application's, and so ours too).
+    unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_OFD_SETLK, &l as *const libc::flock) == 0 }
 }
 
 /// The OFD locks reaching [`LOCK_BASE`] or past that this process's open file description `fd`
