@@ -8,5 +8,6 @@ mod group_policy;
 mod group_sharing;
 mod exported;
 mod exported_open;
+mod exported_attack;
 mod live_budget;
 mod replay_agrees;
