@@ -27,6 +27,11 @@
  *                                                       new slot; same: the exported handle's value)
  *   fdclose F            -> fdclose rc=N                (close the exported or received fd F)
  *   fdlisten PATH        -> fdlisten rc=N               (a unix socket listening at PATH)
+ *   fdlock F             -> fdlock rc=N                 (the application's own OFD read lock on the
+ *                                                        whole file of fd F: l_start 0, l_len 0)
+ *   closememfd NAME      -> closememfd rc=N n=K         (close every fd of this process that is a
+ *                                                        memfd named NAME: an application closing
+ *                                                        fds it did not open)
  *   fdrecv               -> fdrecv rc=N id=F            (accept one connection on it, receive an fd
  *                                                       (SCM_RIGHTS) as F; `import F` imports it)
  *   fdack                -> fdack rc=N                  (answer the sender, close the connection)
@@ -186,6 +191,28 @@ static int fd_op(const char *op, int argc, char **argv)
     if (!strcmp(op, "fdclose")) {
         int k = fd_at(FARG(0));
         OUT("fdclose rc=%d", close(g_fd[k].fd) == 0 ? 0 : 1);
+        return 2;
+    }
+    if (!strcmp(op, "fdlock")) {
+        int k = fd_at(FARG(0));
+        struct flock l = { .l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0 };
+        OUT("fdlock rc=%d", fcntl(g_fd[k].fd, F_OFD_SETLK, &l) == 0 ? 0 : 1);
+        return 2;
+    }
+    if (!strcmp(op, "closememfd")) {
+        char want[160], path[64], name[160];
+        int n = 0;
+        snprintf(want, sizeof want, "/memfd:%s (deleted)", FARG(0) ? FARG(0) : "");
+        for (int fd = 3; fd < 1024; fd++) {
+            ssize_t len;
+            snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+            if ((len = readlink(path, name, sizeof name - 1)) <= 0)
+                continue;
+            name[len] = 0;
+            if (!strcmp(name, want) && close(fd) == 0)
+                n++;
+        }
+        OUT("closememfd rc=%d n=%d", n > 0 ? 0 : 1, n);
         return 2;
     }
     if (!strcmp(op, "fdlisten")) {

@@ -9,5 +9,6 @@ mod group_sharing;
 mod exported;
 mod exported_open;
 mod exported_unlock;
+mod exported_attack;
 mod live_budget;
 mod replay_agrees;
