@@ -11,8 +11,10 @@
 //! - each process that imports it (`intercept::shareable::keep`, whatever its group, or none)
 //!   locks that byte of a private memfd of its own from before its driver call until its import
 //!   ends, so an importer that closed the fd still shows, in any group, and a process's death
-//!   drops its locks as the driver drops its imports;
-//! - a re-export of an import locks the same byte of its new description.
+//!   drops its locks as the driver drops its imports (a received fd that does not name one id, an
+//!   application's own lock merged with ours, or one whose locks cannot be read, makes the import
+//!   lock every id byte it may stand for: it keeps more, never less);
+//! - a re-export of an import locks the same bytes on its new description.
 //!
 //! Ids are the group's: a bijection of a counter, scrambled with a random seed the group's
 //! creator draws, so that two groups' ids (every lock on the machine is in one list) do not meet
@@ -23,8 +25,8 @@
 //! it either starts in vramcap's bytes (an export, a re-export or an import: any file) or is on a
 //! file one of the allocation's exports recorded (an application's own whole-file lock on its
 //! exported fd merges with ours into one range starting at 0). An allocation that two readings of
-//! the list in a row show without such a lock ([`CLOSED`]) has no fd and no import left anywhere:
-//! nobody can reach it any more (a lock on it is only taken by a process that holds an fd or an
+//! the list in a row (more while readings differ) show without such a lock ([`CLOSED`]) has no fd
+//! and no import left anywhere: nobody can reach it any more (a lock on it is only taken by a process that holds an fd or an
 //! import of it, which showed), so its memory is free on the device. Two readings, because the
 //! kernel prints a long list a page at a time and a lock removed earlier in the list between two
 //! pages shifts the rest: one reading can skip a lock that stayed.
@@ -267,8 +269,9 @@ impl Shared {
     /// Gives back (to `orphans`, then to the group when no member holds an import of unknown
     /// origin) the exported memory of ended members that no lock in `locks()` keeps ([`keeps`]:
     /// no fd of it open and no process importing it; `/proc/locks`, read only when there is
-    /// something to decide, twice: an allocation is closed only when neither reading keeps it;
-    /// `None`: unreadable, nothing decided). Returns the bytes moved.
+    /// something to decide, at least twice and until two readings in a row agree (at most four):
+    /// an allocation is closed only when no reading keeps it; `None`: unreadable, nothing
+    /// decided). Returns the bytes moved.
     ///
     /// An importer locks the id's byte before its driver call and closes the fd after it, so the
     /// kernel's list shows the fd's lock or the import's at every moment in between.
@@ -277,15 +280,23 @@ impl Shared {
         if candidates.is_empty() {
             return 0;
         }
-        for _reading in 0..2 {
+        // At least two readings, and more (up to four) until two in a row agree: a reading torn by
+        // locks coming and going is followed by another.
+        let mut last: Option<Vec<Lock>> = None;
+        for reading in 0..4 {
             if candidates.iter().all(|a| a.closed) {
                 break;
             }
-            let Some(locks) = locks() else {
+            let Some(mut locks) = locks() else {
                 candidates.retain(|a| a.closed);
                 break;
             };
             candidates.retain(|a| a.closed || !self.kept_by(a, &locks));
+            locks.sort_unstable();
+            if reading >= 1 && last.as_ref() == Some(&locks) {
+                break;
+            }
+            last = Some(locks);
         }
         let mut moved = 0u64;
         for a in candidates {
@@ -432,21 +443,36 @@ fn probe() -> Option<Lock> {
 
 /// Takes an OFD read lock on `byte` of open file description `fd`.
 pub fn lock_byte(fd: i32, byte: u64) -> bool {
-    set_byte(fd, byte, libc::F_RDLCK)
+    set_range(fd, byte, byte, libc::F_RDLCK)
+}
+
+/// Takes an OFD read lock on bytes `first..=last` of open file description `fd` (`last`
+/// `u64::MAX`: to the end of the file).
+pub fn lock_range(fd: i32, first: u64, last: u64) -> bool {
+    set_range(fd, first, last, libc::F_RDLCK)
 }
 
 /// Drops the OFD lock on `byte` of open file description `fd`.
 pub fn unlock_byte(fd: i32, byte: u64) -> bool {
-    set_byte(fd, byte, libc::F_UNLCK)
+    set_range(fd, byte, byte, libc::F_UNLCK)
 }
 
-fn set_byte(fd: i32, byte: u64, kind: i32) -> bool {
-    let Ok(start) = i64::try_from(byte) else { return false };
+/// Drops the OFD locks on bytes `first..=last` of open file description `fd`.
+pub fn unlock_range(fd: i32, first: u64, last: u64) -> bool {
+    set_range(fd, first, last, libc::F_UNLCK)
+}
+
+fn set_range(fd: i32, first: u64, last: u64, kind: i32) -> bool {
+    let Ok(start) = i64::try_from(first) else { return false };
+    let len = if last == u64::MAX { 0 } else { last.checked_sub(first).and_then(|d| i64::try_from(d + 1).ok()).unwrap_or(-1) };
+    if len < 0 {
+        return false;
+    }
     let mut l: libc::flock = unsafe { std::mem::zeroed() };
     l.l_type = kind as i16;
     l.l_whence = libc::SEEK_SET as i16;
     l.l_start = start;
-    l.l_len = 1;
+    l.l_len = len;
     // The system call itself: in the preload library `fcntl` is our own interposer, which keeps
     // these bytes from any unlock (an application's, and so ours too).
     unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_OFD_SETLK, &l as *const libc::flock) == 0 }

@@ -34,7 +34,9 @@ use crate::ffi::*;
 use crate::hooks::Hook;
 use crate::ledger::{self, Charge, Kind};
 use crate::sync::Lock;
+use super::shareable::Carry;
 use std::collections::{BTreeMap, HashMap};
+use vramcap_common::group_ledger::kept::LOCK_BASE;
 
 /// Ledger keys of allocations whose handle is released while still mapped (handles are driver
 /// pointers, far below this bit).
@@ -58,11 +60,14 @@ struct Alloc {
     exported: bool,
     /// In a group, the id its exports lock (`shareable`): 0 none yet, [`UNWATCHED`] an export of
     /// it could not be watched or recorded (the group keeps it until an operator drops it). For a
-    /// `foreign` allocation: the id of the allocation it imports (0: unknown), its lock held.
+    /// `foreign` allocation: 0.
     export_id: u64,
     /// Imported from another process's shareable handle: no charge here; its end is the end of
     /// one of this process's imports.
     foreign: bool,
+    /// For a `foreign` allocation: the bytes its import carries (`shareable::origin`), locked
+    /// while it lives (`shareable::keep`); (0, 0): none (counted as of unknown origin in a group).
+    carry: Carry,
 }
 
 impl Alloc {
@@ -152,6 +157,12 @@ impl Table {
         }
     }
 
+    /// A released import of allocation `from` still alive (mapped) whose handle value was
+    /// `handle`.
+    fn released_import_of(&self, handle: u64, from: Carry) -> Option<u64> {
+        self.allocs.iter().find(|(_, a)| a.foreign && a.refs == 0 && a.handle == handle && a.carry == from).map(|(&id, _)| id)
+    }
+
     fn restore(&mut self, e: Ending) {
         if let Some(c) = e.charge {
             if e.uncommitted {
@@ -195,7 +206,7 @@ impl Table {
 fn charge_off(api: Hook, t: Timed, gone: Vec<Ending>) {
     for e in gone {
         if e.alloc.foreign {
-            end_import(if e.alloc.export_id != 0 { Counted::Of(e.alloc.export_id) } else { Counted::Unknown });
+            end_import(if e.alloc.carry == NO_CARRY { Counted::Unknown } else { Counted::Of(e.alloc.carry) });
         }
         if let Some(c) = e.charge {
             if e.uncommitted {
@@ -214,7 +225,7 @@ pub fn created(handle: u64) -> u64 {
     with(|t| {
         t.next += 1;
         let id = t.next;
-        t.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, export_id: 0, foreign: false });
+        t.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, export_id: 0, foreign: false, carry: NO_CARRY });
         t.bind(handle, id, &mut gone);
     });
     charge_off(Hook::cuMemCreate, Timed::instant(CUDA_SUCCESS), gone);
@@ -325,7 +336,7 @@ pub fn export_begin(handle: u64) -> Option<u64> {
 /// changes nothing. In a group, `watch(id)` locks the exported fd at the allocation's id
 /// (`shareable::watch`) and the export is recorded in the group's ledger, so that the group keeps
 /// the memory after this process ends as long as an fd of it is open anywhere.
-pub fn export_end(id: Option<u64>, t: Timed, watch: impl FnOnce(u64) -> Option<(u64, u64)>) {
+pub fn export_end(id: Option<u64>, t: Timed, watch: impl FnOnce(&[(u64, u64)]) -> Option<(u64, u64)>) {
     let Some(id) = id else { return };
     let mut gone = Vec::new();
     let (mut marked, mut reexport) = (None, None);
@@ -342,9 +353,9 @@ pub fn export_end(id: Option<u64>, t: Timed, watch: impl FnOnce(u64) -> Option<(
                     a.export_id = crate::group::new_export_id().unwrap_or(UNWATCHED);
                 }
                 marked = ledger::peek(Kind::VmmHandle, a.key).map(|c| (c, first, a.export_id));
-            } else if t.rc == CUDA_SUCCESS && a.foreign && a.export_id != 0 {
-                // A re-export of an import: its new description carries the allocation's lock.
-                reexport = Some(a.export_id);
+            } else if t.rc == CUDA_SUCCESS && a.foreign && a.carry != NO_CARRY {
+                // A re-export of an import: its new description carries what the import did.
+                reexport = Some(a.carry);
             }
         }
         tb.end_if_dead(id, &mut gone);
@@ -353,14 +364,15 @@ pub fn export_end(id: Option<u64>, t: Timed, watch: impl FnOnce(u64) -> Option<(
         let (dev, size) = (c.dev as usize, if first { c.size } else { 0 });
         crate::group::exported(dev, size);
         if xid != UNWATCHED {
-            record(id, xid, dev, size, watch(xid));
+            record(id, xid, dev, size, watch(&[(LOCK_BASE + xid, LOCK_BASE + xid)]));
         }
-    } else if let Some(xid) = reexport
-        && watch(xid).is_none()
+    } else if let Some(carry) = reexport
+        && watch(&[carry]).is_none()
+        && carry.0 == carry.1
     {
         // Unwatched, it would let the exporter's group forget memory this fd keeps: if that
         // group is ours, an unsure record keeps the allocation until an operator drops it.
-        crate::group::record_export(0, 0, xid, None);
+        crate::group::record_export(0, 0, carry.0 - LOCK_BASE, None);
     }
     charge_off(Hook::cuMemExportToShareableHandle, t, gone);
 }
@@ -476,18 +488,21 @@ fn add_ref(t: &mut Table, handle: u64) {
 pub enum Counted {
     No,
     Unknown,
-    Of(u64),
+    Of(Carry),
 }
+
+/// `Alloc::carry` of an import that carries none of vramcap's bytes.
+const NO_CARRY: Carry = (0, 0);
 
 /// Before `cuMemImportFromShareableHandle` of a handle exported from allocation `from` (as its
 /// fd's lock says, `shareable::imported_id`): the import this process may hold is shown from
 /// before the driver call on (an fd closed meanwhile must find it shown), until [`import_end`]
 /// finds it was none.
-pub fn import_begin(from: Option<u64>) -> Counted {
-    if let Some(id) = from
-        && super::shareable::keep(id)
+pub fn import_begin(from: Option<Carry>) -> Counted {
+    if let Some(span) = from
+        && super::shareable::keep(span)
     {
-        return Counted::Of(id);
+        return Counted::Of(span);
     }
     if !crate::group::active() {
         return Counted::No;
@@ -500,7 +515,7 @@ fn end_import(c: Counted) {
     match c {
         Counted::No => {}
         Counted::Unknown => crate::group::import_ended(),
-        Counted::Of(id) => super::shareable::release(id),
+        Counted::Of(span) => super::shareable::release(span),
     }
 }
 
@@ -516,13 +531,22 @@ pub fn import_end(counted: Counted, handle: impl FnOnce() -> u64, t: Timed) {
                 add_ref(tb, handle);
                 return false;
             }
+            if let Counted::Of(x) = counted
+                && let Some(id) = tb.released_import_of(handle, x)
+            {
+                // The same import again, its value still the released one's (its memory mapped,
+                // so the value cannot name anything else): one more reference to it.
+                tb.allocs.get_mut(&id).map(|a| a.refs += 1);
+                tb.bind(handle, id, &mut gone);
+                return false;
+            }
             if counted == Counted::No {
                 return false;
             }
             tb.next += 1;
             let id = tb.next;
-            let from = if let Counted::Of(x) = counted { x } else { 0 };
-            tb.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, export_id: from, foreign: true });
+            let carry = if let Counted::Of(x) = counted { x } else { NO_CARRY };
+            tb.allocs.insert(id, Alloc { handle, key: handle, refs: 1, pieces: 0, pending: 0, exported: false, export_id: 0, foreign: true, carry });
             tb.bind(handle, id, &mut gone);
             true
         });

@@ -10,88 +10,104 @@
 use crate::sync::Lock;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU8, Ordering};
-use vramcap_common::group_ledger::kept::{LOCK_BASE, fd_locks, lock_byte, proc_locks, unlock_byte};
+use vramcap_common::group_ledger::kept::{LOCK_BASE, fd_locks, lock_range, proc_locks, unlock_range};
 
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: the shareable handle is an `int` fd.
 pub const POSIX_FD: c_int = 1;
 
-/// Locks the id's byte of the exported description a successful export of handle type `kind`
-/// wrote to `*shareable`, and returns that file as the kernel names it in `/proc/locks`
-/// (`major << 32 | minor`, inode: read back from this description's own locks, so that no other
-/// naming, a file system's `stat`, can differ). `None`: it cannot be watched (another handle type,
-/// a file that takes no lock, locks this process cannot see), and its memory must be kept.
+/// Locks `ranges` (first, last byte: an allocation's id byte, or what a re-export carries) of the
+/// exported description a successful export of handle type `kind` wrote to `*shareable`, and
+/// returns that file as the kernel names it in `/proc/locks` (`major << 32 | minor`, inode: read
+/// back from this description's own locks, so that no other naming, a file system's `stat`, can
+/// differ). `None`: it cannot be watched (another handle type, a file that takes no lock, locks
+/// this process cannot see), and its memory must be kept.
 ///
 /// # Safety
 /// `shareable` is the out-parameter of a successful `cuMemExportToShareableHandle`.
-pub unsafe fn watch(kind: c_int, shareable: *const c_void, id: u64) -> Option<(u64, u64)> {
-    if kind != POSIX_FD || shareable.is_null() {
+pub unsafe fn watch(kind: c_int, shareable: *const c_void, ranges: &[(u64, u64)]) -> Option<(u64, u64)> {
+    if kind != POSIX_FD || shareable.is_null() || ranges.is_empty() {
         return None;
     }
     let fd = unsafe { *(shareable as *const c_int) };
-    let byte = LOCK_BASE.checked_add(id)?;
-    if fd < 0 || !lock_byte(fd, byte) {
+    if fd < 0 || !ranges.iter().all(|&(first, last)| lock_range(fd, first, last)) {
         return None;
     }
+    let byte = ranges[0].0;
     // Any range covering the byte: the application may hold a lock of its own that merged with it.
     let lock = fd_locks(fd)?.into_iter().find(|l| l.2 <= byte && byte <= l.3)?;
     visible(lock).then_some((lock.0, lock.1))
 }
 
-/// The allocation a shareable handle of type `kind` about to be imported (`os`, an fd passed by
-/// value) was exported from, as its exporter's lock on the received description says; `None`: no
-/// such lock, or one that does not tell (several, or merged with another range: the import is
-/// then counted without its allocation).
-pub fn imported_id(kind: c_int, os: *const c_void) -> Option<u64> {
+/// Bytes an import or a re-export carries (first, last): an allocation's id byte, or, when the
+/// received fd does not name one id, every id byte it may stand for.
+pub type Carry = (u64, u64);
+
+/// The end (exclusive) of the id bytes (the probe's byte is past them).
+const ID_END: u64 = LOCK_BASE << 1;
+
+/// What a shareable handle of type `kind` about to be imported (`os`, an fd passed by value)
+/// carries, as the locks on the received description say: `None` if it carries none of vramcap's
+/// bytes (not a fd, or an export no group watches); its id's byte (one lock, on one byte); else
+/// (an application's lock merged with ours, several ranges, or locks this process cannot read)
+/// the span of id bytes it may stand for, cut to the ids (a merged range starting at 0 becomes
+/// every id: the import then keeps every ended export it could be, which errs towards denying).
+pub fn origin(kind: c_int, os: *const c_void) -> Option<Carry> {
     if kind != POSIX_FD {
         return None;
     }
-    match fd_locks(os as usize as c_int)?.as_slice() {
-        [(_, _, first, last)] if first == last && *first >= LOCK_BASE => Some(first - LOCK_BASE),
-        _ => None,
-    }
+    let Some(locks) = fd_locks(os as usize as c_int) else { return Some((LOCK_BASE, ID_END - 1)) };
+    let ids: Vec<Carry> = locks.iter().filter(|l| l.2 < ID_END).map(|l| (l.2.max(LOCK_BASE), l.3.min(ID_END - 1))).collect();
+    let first = ids.iter().map(|r| r.0).min()?;
+    Some((first, ids.iter().map(|r| r.1).max()?))
 }
 
 /// This process's imports of watched allocations: a memfd of its own (close-on-exec, never
-/// shared: a forked child drops its copy) locked at each imported id's byte, with a count per id
-/// (one lock stands for all of a process's imports of an allocation).
+/// shared: a forked child drops its copy) locked at the bytes each import carries, with a count
+/// per span (one lock stands for all of a process's imports of an allocation).
 struct Keeper {
     fd: c_int,
-    held: Vec<(u64, u32)>,
+    held: Vec<(Carry, u32)>,
 }
 
 static KEEPER: Lock<Keeper> = Lock::new(Keeper { fd: -1, held: Vec::new() });
 
-/// This process holds one more import of allocation `id`, from now (before the driver call) until
+/// This process holds one more import carrying `span`, from now (before the driver call) until
 /// [`release`]: false if it cannot be shown (no memfd, no lock), and the import is counted
 /// without its allocation.
-pub fn keep(id: u64) -> bool {
-    let Some(byte) = LOCK_BASE.checked_add(id) else { return false };
+pub fn keep(span: Carry) -> bool {
     // A fork during the import must find the child's handler in place.
     super::handles::install_fork_handlers();
     let mut k = KEEPER.lock();
-    if let Some(e) = k.held.iter_mut().find(|e| e.0 == id) {
+    if let Some(e) = k.held.iter_mut().find(|e| e.0 == span) {
         e.1 += 1;
         return true;
     }
     if k.fd < 0 {
         k.fd = unsafe { libc::memfd_create(c"vramcap-imports".as_ptr(), libc::MFD_CLOEXEC) };
     }
-    if k.fd < 0 || !lock_byte(k.fd, byte) {
+    if k.fd < 0 || !lock_range(k.fd, span.0, span.1) {
         return false;
     }
-    k.held.push((id, 1));
+    k.held.push((span, 1));
     true
 }
 
-/// One import of allocation `id` that [`keep`] showed has ended.
-pub fn release(id: u64) {
+/// One import carrying `span` that [`keep`] showed has ended.
+pub fn release(span: Carry) {
     let mut k = KEEPER.lock();
-    let Some(i) = k.held.iter().position(|e| e.0 == id) else { return };
+    let Some(i) = k.held.iter().position(|e| e.0 == span) else { return };
     k.held[i].1 -= 1;
-    if k.held[i].1 == 0 {
-        k.held.swap_remove(i);
-        // Cannot fail on a byte we locked; if it did, the lock would keep the memory (stricter).
-        unlock_byte(k.fd, LOCK_BASE + id);
+    if k.held[i].1 > 0 {
+        return;
+    }
+    k.held.swap_remove(i);
+    // Cannot fail on bytes we locked; if it did, the lock would keep the memory (stricter). An
+    // unlock takes every lock of ours in the span: the others overlapping it are taken again.
+    unlock_range(k.fd, span.0, span.1);
+    for &((first, last), _) in &k.held {
+        if first <= span.1 && span.0 <= last {
+            lock_range(k.fd, first, last);
+        }
     }
 }
 
@@ -151,7 +167,7 @@ mod tests {
     fn the_lock_lives_as_long_as_a_copy_of_the_exported_fd() {
         let fd = memfd();
         let id = 1_000_000 + std::process::id() as u64;
-        let file = unsafe { watch(POSIX_FD, (&fd as *const c_int).cast(), id) }.expect("a memfd is watched");
+        let file = unsafe { watch(POSIX_FD, (&fd as *const c_int).cast(), &[(LOCK_BASE + id, LOCK_BASE + id)]) }.expect("a memfd is watched");
         assert!(listed(file, id));
         assert_ne!(unsafe { libc::fcntl(fd, libc::F_GETFD) }, -1, "the application's fd is left open");
         let copy = unsafe { libc::dup(fd) };
@@ -166,11 +182,16 @@ mod tests {
     fn a_received_fd_names_its_allocation() {
         let fd = memfd();
         let id = 2_000_000 + std::process::id() as u64;
-        unsafe { watch(POSIX_FD, (&fd as *const c_int).cast(), id) }.unwrap();
+        unsafe { watch(POSIX_FD, (&fd as *const c_int).cast(), &[(LOCK_BASE + id, LOCK_BASE + id)]) }.unwrap();
         let copy = unsafe { libc::dup(fd) };
-        assert_eq!(imported_id(POSIX_FD, copy as usize as *const c_void), Some(id));
+        assert_eq!(origin(POSIX_FD, copy as usize as *const c_void), Some((LOCK_BASE + id, LOCK_BASE + id)));
         let other = memfd();
-        assert_eq!(imported_id(POSIX_FD, other as usize as *const c_void), None);
+        assert_eq!(origin(POSIX_FD, other as usize as *const c_void), None);
+        // The application's own whole-file lock merges with ours: it still carries our bytes, it
+        // no longer names one id: every id.
+        assert!(lock_range(other, 0, u64::MAX));
+        assert_eq!(origin(POSIX_FD, other as usize as *const c_void), Some((LOCK_BASE, ID_END - 1)));
+        assert_eq!(origin(POSIX_FD, -5isize as *const c_void), Some((LOCK_BASE, ID_END - 1)), "unreadable");
         unsafe { libc::close(fd) };
         unsafe { libc::close(copy) };
         unsafe { libc::close(other) };
@@ -179,8 +200,9 @@ mod tests {
     #[test]
     fn what_cannot_be_watched_says_so() {
         let fabric = [0u8; 64];
-        assert_eq!(unsafe { watch(8, fabric.as_ptr().cast(), 1) }, None);
+        let b = [(LOCK_BASE + 1, LOCK_BASE + 1)];
+        assert_eq!(unsafe { watch(8, fabric.as_ptr().cast(), &b) }, None);
         let bad: c_int = -1;
-        assert_eq!(unsafe { watch(POSIX_FD, (&bad as *const c_int).cast(), 1) }, None);
+        assert_eq!(unsafe { watch(POSIX_FD, (&bad as *const c_int).cast(), &b) }, None);
     }
 }

@@ -131,7 +131,7 @@ pub unsafe fn export_shareable(shareable: *mut c_void, handle: CUmemGenericAlloc
     }
     let id = guarded(None, || handles::export_begin(handle));
     let t = timed(|| unsafe { f(shareable, handle, kind, flags) });
-    guarded((), || handles::export_end(id, t, |xid| unsafe { super::shareable::watch(kind, shareable, xid) }));
+    guarded((), || handles::export_end(id, t, |ranges| unsafe { super::shareable::watch(kind, shareable, ranges) }));
     if t.rc != CUDA_SUCCESS {
         emit(Op::Fail, Hook::cuMemExportToShareableHandle, -1, handle, 0, t, 0);
     }
@@ -145,7 +145,13 @@ pub unsafe fn export_shareable(shareable: *mut c_void, handle: CUmemGenericAlloc
 pub unsafe fn import_shareable(handle: *mut CUmemGenericAllocationHandle, os: *mut c_void, kind: c_int) -> CUresult {
     let Some(f) = real::cuMemImportFromShareableHandle() else { return MISSING_REAL };
     traced(Op::IpcOpen, Hook::cuMemImportFromShareableHandle, || unsafe { *handle }, 0, || {
-        let counted = guarded(handles::Counted::No, || handles::import_begin(super::shareable::imported_id(kind, os)));
+        // Followed only where releases and unmaps are (enforcing): a lock nothing would release
+        // would keep the exporter's memory charged for the life of this process.
+        let counted = if mode() == Mode::Enforce {
+            guarded(handles::Counted::No, || handles::import_begin(super::shareable::origin(kind, os)))
+        } else {
+            handles::Counted::No
+        };
         let t = timed(|| unsafe { f(handle, os, kind) });
         guarded((), || handles::import_end(counted, || unsafe { *handle }, t));
         t.rc
