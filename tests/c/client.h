@@ -176,6 +176,15 @@ int client_extra_op(const struct cu_api *api, const char *op, int argc, char **a
 int client_ctx_op(const struct cu_api *api, const char *op, int argc, char **argv,
                   unsigned long long (*new_slot)(unsigned long long),
                   unsigned long long (*slot)(const char *));
+/* Exported and received fds (ops_fd.c): F numbers them. */
+struct client_fd {
+    int fd;
+    CUmemGenericAllocationHandle h; /* the exported handle; 0 for a received fd */
+};
+int client_fd_add(int fd, CUmemGenericAllocationHandle h);
+struct client_fd *client_fd_at(const char *s);
+/* The fd passing ops (ops_fd.c): 1 + arguments used, or 0 for another op. */
+int client_fd_op(const char *op, int argc, char **argv);
 /* Managed-memory prefetch ops (ops_managed.c), same contract as client_extra_op. */
 int client_managed_op(const struct cu_api *api, const char *op, int argc, char **argv,
                       unsigned long long (*slot)(const char *));
