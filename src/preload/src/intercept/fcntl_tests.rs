@@ -221,3 +221,53 @@ fn the_real_functions_are_the_c_librarys() {
         assert!(!p.is_null() && !ours.contains(&p) && p != syscall_fcntl as *mut c_void);
     }
 }
+
+// ---- attack (issue 23, second round) ----
+
+/// A second open file description of `fd`'s file (what another process opening the same file,
+/// or this one opening it again, holds).
+fn reopen(fd: c_int) -> c_int {
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).unwrap();
+    let other = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    assert!(other >= 0);
+    other
+}
+
+/// FINDING (breaks applications): the commonest OFD lock there is, a whole-file write lock
+/// (`l_start 0, l_len 0`) taken and then released with the matching whole-file unlock, on a file
+/// that has nothing to do with CUDA. The hook narrows the unlock, so the application keeps a write
+/// lock on bytes [2^40, 2^42) of its own file after its unlock "succeeded": every other open of the
+/// file (another process, or a second `open` here) is refused a whole-file lock (EAGAIN) until the
+/// description is closed, and an `F_OFD_SETLKW` waits forever. It happens in every preloaded
+/// process (the hook reads no configuration: `VRAMCAP_DISABLE=1` too), and on descriptions that
+/// hold none of vramcap's locks at all.
+#[test]
+#[ignore = "attack: an application's whole-file OFD unlock leaves a write lock on [2^40, 2^42): other opens of the file can never lock it again"]
+fn attack_a_whole_file_unlock_leaves_the_applications_own_write_lock_behind() {
+    let a = memfd();
+    let b = reopen(a);
+    assert_eq!(ofd(a, libc::F_WRLCK, libc::SEEK_SET, 0, 0), (0, 0), "A locks the whole file");
+    assert_eq!(ofd(b, libc::F_WRLCK, libc::SEEK_SET, 0, 0), (-1, libc::EAGAIN), "B waits its turn, as it should");
+    assert_eq!(ofd(a, libc::F_UNLCK, libc::SEEK_SET, 0, 0), (0, 0), "A unlocks the whole file");
+    let left = held(a);
+    let b_rc = ofd(b, libc::F_WRLCK, libc::SEEK_SET, 0, 0);
+    unsafe { libc::close(a) };
+    unsafe { libc::close(b) };
+    assert_eq!(left, vec![], "A unlocked everything, yet its description still holds a lock");
+    assert_eq!(b_rc, (0, 0), "B cannot take the lock A released");
+}
+
+/// FINDING (breaks applications), the same with a read lock: after A's whole-file read lock and
+/// whole-file unlock, a writer on another description is refused.
+#[test]
+#[ignore = "attack: an application's whole-file OFD read unlock leaves a read lock on [2^40, 2^42): writers elsewhere are refused"]
+fn attack_a_whole_file_read_unlock_still_blocks_writers() {
+    let a = memfd();
+    let b = reopen(a);
+    assert_eq!(ofd(a, libc::F_RDLCK, libc::SEEK_SET, 0, 0), (0, 0));
+    assert_eq!(ofd(a, libc::F_UNLCK, libc::SEEK_SET, 0, 0), (0, 0));
+    let b_rc = ofd(b, libc::F_WRLCK, libc::SEEK_SET, 0, 0);
+    unsafe { libc::close(a) };
+    unsafe { libc::close(b) };
+    assert_eq!(b_rc, (0, 0), "B cannot write-lock a file nobody has locked any more");
+}
