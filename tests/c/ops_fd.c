@@ -18,6 +18,11 @@
  *                                                       through libc's fcntl; A, K: the description's
  *                                                       locks left starting in [FROM, 2^40) and past 2^40)
  *   exitfd F             -> exitfd rc=0; at exit again  (an atexit handler of the application: is fd F open?)
+ *   ofdcycle PATH        -> ofdcycle rc=N relock=R      (an application's lock file: open PATH (created),
+ *                                                       an OFD write lock on the whole file, the
+ *                                                       matching whole-file unlock, the file kept open;
+ *                                                       R: 0 if a second open of PATH can then take a
+ *                                                       whole-file OFD write lock (closed again))
  *   waitfifo PATH        -> waitfifo rc=N               (block until the FIFO at PATH is opened for
  *                                                       writing and closed: the test says go)
  */
@@ -225,6 +230,21 @@ int client_fd_op(const char *op, int argc, char **argv)
     if (!strcmp(op, "exitfd")) {
         g_exit_fd = (int)client_parse_long(FARG(0));
         OUT("exitfd rc=%d", atexit(exit_fd) == 0 ? 0 : 1);
+        return 2;
+    }
+    if (!strcmp(op, "ofdcycle")) {
+        const char *path = FARG(0);
+        int fd = path ? open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600) : -1, other, rc, relock = 1;
+        struct flock l = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0 };
+        rc = fd < 0 || fcntl(fd, F_OFD_SETLK, &l) != 0;
+        l.l_type = F_UNLCK;
+        rc = rc || fcntl(fd, F_OFD_SETLK, &l) != 0;
+        if (!rc && (other = open(path, O_RDWR | O_CLOEXEC)) >= 0) {
+            l.l_type = F_WRLCK;
+            relock = fcntl(other, F_OFD_SETLK, &l) == 0 ? 0 : 1;
+            close(other);
+        }
+        OUT("ofdcycle rc=%d relock=%d", rc, relock);
         return 2;
     }
     if (!strcmp(op, "waitfifo")) {

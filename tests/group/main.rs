@@ -10,5 +10,6 @@ mod exported;
 mod exported_open;
 mod exported_unlock;
 mod exported_attack;
+mod exported_attack2;
 mod live_budget;
 mod replay_agrees;
