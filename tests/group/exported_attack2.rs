@@ -1,7 +1,8 @@
 //! Second attack on issue 23 (exported fds kept charged while an fd or an import lives; the
-//! `fcntl` interposer; keeper spans; re-imports). Each test fails on the branch it was written
-//! against (`attack23c`) and is `#[ignore]`d until fixed: run them with `cargo test --release
-//! --locked -p vramcap-tests --test group -- --ignored attack2_`.
+//! `fcntl` interposer; keeper spans; re-imports). Each test failed on the branch it was written
+//! against (`attack23c`, whose interposer narrowed an application's unlock and so left it a lock
+//! over vramcap's bytes); the interposer now passes the unlock as asked and takes vramcap's own
+//! one-byte locks again.
 //!
 //! Shape as in `exported_attack.rs`: E (a member of group `xg`, 256 MiB) makes 200 MiB shareable
 //! as an fd; the fake driver's device counters shared by the processes (`FAKECUDA_SHARED_DEVICE`)
@@ -66,7 +67,6 @@ fn export_and_end(s: &Setup) {
 /// file (another instance of the program) can never take the lock (EAGAIN; with `F_OFD_SETLKW`
 /// it waits forever). Without vramcap the lock is free again.
 #[test]
-#[ignore = "attack: an application's whole-file OFD unlock leaves its own write lock on [2^40, 2^42) (in any preloaded process, vramcap disabled too)"]
 fn attack2_a_disabled_process_cannot_release_its_own_whole_file_lock() {
     let s = setup();
     let file = s.dir.join("app.lock");
@@ -86,7 +86,6 @@ fn attack2_a_disabled_process_cannot_release_its_own_whole_file_lock() {
 /// and keeps it open pins every group's ended exports on the machine: `xg`'s 200 MiB, which no
 /// fd and no import reaches any more and the device has freed, stay charged.
 #[test]
-#[ignore = "attack: a whole-file lock+unlock on any file in any preloaded process leaves a lock over every id byte: every group's ended exports stay charged"]
 fn attack2_an_unrelated_lock_file_keeps_every_groups_ended_exports() {
     // Control: without the lock file, xg gets its 200 MiB back.
     let s = setup();

@@ -6,128 +6,45 @@
 //! file (`F_OFD_SETLK`, `F_UNLCK`, start 0, length 0) and keep the fd: the group would give the
 //! memory back while it can still be imported (a cap bypass). Only an OFD unlock on the same
 //! description removes an OFD lock (process-associated locks, `lockf` and `flock` are other
-//! owners), so only `F_OFD_SETLK` / `F_OFD_SETLKW` with `F_UNLCK` are changed here: the requested
-//! range, computed as the kernel computes it, is unlocked except for `[LOCK_BASE, LOCK_END)`,
-//! which no application or driver uses. Everything else reaches the real `fcntl` as it came.
+//! owners), so only `F_OFD_SETLK` / `F_OFD_SETLKW` with `F_UNLCK` are looked at.
 //!
-//! Not covered (docs/coverage.md): a raw `syscall(SYS_fcntl, ..)`, glibc's `__fcntl` (another
-//! name of the same function, which programs do not call), and a process that holds a copy of
-//! the fd without vramcap preloaded.
+//! The application's unlock goes to the kernel exactly as it asked (its own locks go, whatever
+//! they were): vramcap never narrows it, since a narrowed unlock leaves the application holding a
+//! lock it released. Before it, the description's own lock list (`/proc/self/fdinfo`) is read for
+//! vramcap's locks: one-byte read locks in `[LOCK_BASE, LOCK_END)`, bytes no application or
+//! driver uses; after a successful unlock those are taken again (one read lock per byte, as
+//! before: taking a lock that is still there changes nothing). A lock of vramcap's that an
+//! application's own lock had merged with (the application locked a range covering it, then
+//! unlocked) is no longer one byte and is not told apart: it goes with the application's.
+//!
+//! Not covered (docs/coverage.md): that merged case, a raw `syscall(SYS_fcntl, ..)`, glibc's
+//! `__fcntl` (another name of the same function, which programs do not call), and a process that
+//! holds a copy of the fd without vramcap preloaded.
 //!
 //! The hook allocates nothing, writes nothing and logs nothing: `fcntl` is async-signal-safe and
-//! called from everywhere (allocators, loggers, signal handlers). It reads no configuration
-//! either (that may allocate): with vramcap disabled nobody takes the reserved bytes, so keeping
-//! them is harmless. Its arithmetic cannot panic (`i128`), so nothing needs `catch_unwind`.
+//! called from everywhere (allocators, loggers, signal handlers). It reads the lock list with
+//! `open`/`read`/`close` into a stack buffer, and restores `errno`. It reads no configuration
+//! either (that may allocate): with vramcap disabled nobody takes the reserved bytes, so there is
+//! nothing to take again. Its parsing cannot panic, so nothing needs `catch_unwind`.
 
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use vramcap_common::group_ledger::kept::{LOCK_BASE, LOCK_END};
 
-/// The kernel's `OFFSET_MAX` (`loff_t` is 64 bits): where a lock of length 0 ends.
-pub const OFFSET_MAX: i64 = i64::MAX;
-
-/// A byte range as the kernel keeps a lock: `start..=end` (`fl_start`, `fl_end`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Span {
-    pub start: i64,
-    pub end: i64,
-}
-
-/// The bytes an application's unlock leaves locked (vramcap's export ids and probe).
-pub const RESERVED: Span = Span { start: LOCK_BASE as i64, end: LOCK_END as i64 - 1 };
-
-/// The range of a lock request whose `l_whence` resolved to `base` (0, the file position or the
-/// file size): `flock64_to_posix_lock` in the kernel's fs/locks.c, check for check, so that the
-/// pieces vramcap unlocks are exactly what the kernel would have unlocked. `Err(errno)`: the
-/// kernel refuses the request with that error.
-pub fn resolve(base: i64, l_start: i64, l_len: i64) -> Result<Span, c_int> {
-    // i128: the kernel's checks are written to avoid overflow; here none can happen at all.
-    let (base, l_start, l_len, max) = (base as i128, l_start as i128, l_len as i128, OFFSET_MAX as i128);
-    if l_start > max - base {
-        return Err(libc::EOVERFLOW);
-    }
-    let start = base + l_start;
-    if start < 0 {
-        return Err(libc::EINVAL);
-    }
-    let (start, end) = if l_len > 0 {
-        if l_len - 1 > max - start {
-            return Err(libc::EOVERFLOW);
-        }
-        (start, start + l_len - 1)
-    } else if l_len < 0 {
-        // POSIX-2001: a negative length covers the bytes before start.
-        if start + l_len < 0 {
-            return Err(libc::EINVAL);
-        }
-        (start + l_len, start - 1)
-    } else {
-        (start, max)
-    };
-    // Both lie in 0..=OFFSET_MAX now.
-    Ok(Span { start: start as i64, end: end as i64 })
-}
-
-/// Whether an unlock of `span` would touch vramcap's bytes.
-pub fn touches_reserved(span: Span) -> bool {
-    span.start <= RESERVED.end && span.end >= RESERVED.start
-}
-
-/// What of `span` an application's unlock may remove: all but [`RESERVED`], in at most two
-/// pieces (below it, above it); none when `span` lies inside it.
-pub fn outside_reserved(span: Span) -> [Option<Span>; 2] {
-    let below = (span.start < RESERVED.start).then(|| Span { start: span.start, end: span.end.min(RESERVED.start - 1) });
-    let above = (span.end > RESERVED.end).then(|| Span { start: span.start.max(RESERVED.end + 1), end: span.end });
-    [below, above]
-}
-
-/// `req` narrowed to `span`, as an absolute (`SEEK_SET`) request; everything else (`l_type`,
-/// `l_pid`, which the kernel checks too) is kept.
-fn request(req: &libc::flock, span: Span) -> libc::flock {
-    let mut r = *req;
-    r.l_whence = libc::SEEK_SET as libc::c_short;
-    r.l_start = span.start;
-    // Length 0 is "to OFFSET_MAX"; otherwise end - start + 1 fits (start >= 0, end < OFFSET_MAX).
-    r.l_len = if span.end == OFFSET_MAX { 0 } else { span.end - span.start + 1 };
-    r
-}
-
-/// An absolute request the kernel refuses with `errno` (EINVAL or EOVERFLOW) whatever the file's
-/// position: a refused request is still handed to the kernel, so that its own earlier checks (a
-/// bad fd, an `O_PATH` fd) decide the error first, as they would have.
-fn refused(req: &libc::flock, errno: c_int) -> libc::flock {
-    let mut r = *req;
-    r.l_whence = libc::SEEK_SET as libc::c_short;
-    (r.l_start, r.l_len) = if errno == libc::EOVERFLOW { (OFFSET_MAX, 2) } else { (-1, 0) };
-    r
-}
+/// vramcap's one-byte locks a description can hold that are taken again after an unlock (an
+/// exported fd holds one; more are restored in order, the rest left to the application's unlock).
+const KEPT: usize = 16;
 
 /// The real function behind a hook; the third argument is passed as a word (see [`fcntl`]).
 pub type FcntlFn = unsafe extern "C" fn(c_int, c_int, usize) -> c_int;
 
-fn set_errno(e: c_int) {
-    unsafe { *libc::__errno_location() = e };
+fn errno() -> c_int {
+    unsafe { *libc::__errno_location() }
 }
 
-/// What the kernel takes as `l_whence`'s origin: 0, the file position, or the file's size.
-/// `Err(errno)` when it cannot be known. A file without a position to ask for (`lseek` fails with
-/// ESPIPE: pipes, sockets, some devices) is refused rather than guessed: a guessed origin could
-/// put the unlock over vramcap's bytes. No application is known to unlock relative to the
-/// position of such a file.
-fn origin(fd: c_int, whence: c_int) -> Result<i64, c_int> {
-    let errno = || unsafe { *libc::__errno_location() };
-    match whence {
-        libc::SEEK_SET => Ok(0),
-        libc::SEEK_CUR => {
-            let pos = unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) };
-            if pos < 0 { Err(errno()) } else { Ok(pos) }
-        }
-        _ => {
-            let mut st: libc::stat = unsafe { std::mem::zeroed() };
-            if unsafe { libc::fstat(fd, &mut st) } != 0 { Err(errno()) } else { Ok(st.st_size) }
-        }
-    }
+fn set_errno(e: c_int) {
+    unsafe { *libc::__errno_location() = e };
 }
 
 /// The hook's body, with the real function to call.
@@ -140,69 +57,105 @@ pub unsafe fn hook(fd: c_int, cmd: c_int, arg: usize, real: FcntlFn) -> c_int {
     if (cmd != libc::F_OFD_SETLK && cmd != libc::F_OFD_SETLKW) || arg == 0 {
         return unsafe { real(fd, cmd, arg) };
     }
-    // One read of the application's request; the kernel gets this copy (or pieces of it), never
-    // the application's memory, which another thread could change after the decision (a read
-    // lock turned into an unlock). F_OFD_SETLK(W) writes nothing back, so a copy is equivalent.
+    // One read of the application's request; the kernel gets this copy, never the application's
+    // memory, which another thread could change after the decision (a read lock turned into an
+    // unlock after the lock list was read). F_OFD_SETLK(W) writes nothing back.
     let req: libc::flock = unsafe { std::ptr::read_unaligned(arg as *const libc::flock) };
-    let whence = req.l_whence as c_int;
-    if req.l_type != libc::F_UNLCK as libc::c_short || ![libc::SEEK_SET, libc::SEEK_CUR, libc::SEEK_END].contains(&whence) {
-        // A lock, or a whence the kernel refuses (EINVAL).
+    if req.l_type != libc::F_UNLCK as libc::c_short {
         return unsafe { real(fd, cmd, &req as *const libc::flock as usize) };
     }
-    let base = match origin(fd, whence) {
-        Ok(b) => b,
-        Err(e) => {
-            set_errno(e);
-            return -1;
+    let saved = errno();
+    let mut ours = [0u64; KEPT];
+    let n = our_locks(fd, &mut ours);
+    set_errno(saved);
+    let rc = unsafe { real(fd, cmd, &req as *const libc::flock as usize) };
+    if rc == 0 && n > 0 {
+        let saved = errno();
+        for &byte in &ours[..n] {
+            relock(fd, byte);
         }
-    };
-    let span = match resolve(base, req.l_start, req.l_len) {
-        Ok(s) => s,
-        Err(e) => return unsafe { real(fd, cmd, &refused(&req, e) as *const libc::flock as usize) },
-    };
-    if !touches_reserved(span) {
-        // SEEK_SET goes as it came; CUR / END as the absolute range just computed (another thread
-        // moving the position meanwhile must not move the unlock onto vramcap's bytes).
-        let r = if whence == libc::SEEK_SET { req } else { request(&req, span) };
-        return unsafe { real(fd, cmd, &r as *const libc::flock as usize) };
+        set_errno(saved);
     }
-    let pieces = outside_reserved(span);
-    if pieces.iter().all(Option::is_none) {
-        return nothing_to_unlock(fd, &req, real);
-    }
-    // Every piece is tried (an unlock that fails for want of memory in one may succeed in the
-    // other); the result is the first failure's.
-    let mut failed = None;
-    for span in pieces.into_iter().flatten() {
-        let r = request(&req, span);
-        if unsafe { real(fd, cmd, &r as *const libc::flock as usize) } != 0 && failed.is_none() {
-            failed = Some(unsafe { *libc::__errno_location() });
-        }
-    }
-    match failed {
-        None => 0,
-        Some(e) => {
-            set_errno(e);
-            -1
-        }
-    }
+    rc
 }
 
-/// An unlock that lies wholly inside vramcap's bytes succeeds without a call, unless the kernel
-/// would have refused it: `l_pid` not 0 (EINVAL), a closed or `O_PATH` fd (EBADF).
-fn nothing_to_unlock(fd: c_int, req: &libc::flock, real: FcntlFn) -> c_int {
-    let flags = unsafe { real(fd, libc::F_GETFL, 0) };
-    let errno = if flags < 0 {
-        unsafe { *libc::__errno_location() }
-    } else if flags & libc::O_PATH != 0 {
-        libc::EBADF
-    } else if req.l_pid != 0 {
-        libc::EINVAL
-    } else {
+/// Takes vramcap's read lock on `byte` of `fd` again (the system call: `fcntl` is this hook).
+fn relock(fd: c_int, byte: u64) {
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = libc::F_RDLCK as libc::c_short;
+    l.l_whence = libc::SEEK_SET as libc::c_short;
+    l.l_start = byte as i64;
+    l.l_len = 1;
+    unsafe { libc::syscall(libc::SYS_fcntl, fd as libc::c_long, libc::F_OFD_SETLK as libc::c_long, &l as *const libc::flock) };
+}
+
+/// vramcap's locks on `fd`'s description (one-byte read locks in `[LOCK_BASE, LOCK_END)`) as
+/// `/proc/self/fdinfo/FD` lists them, into `out`; returns how many (0 when it cannot be read).
+fn our_locks(fd: c_int, out: &mut [u64; KEPT]) -> usize {
+    if fd < 0 {
         return 0;
-    };
-    set_errno(errno);
-    -1
+    }
+    let mut path = *b"/proc/self/fdinfo/\0\0\0\0\0\0\0\0\0\0\0\0";
+    let mut digits = [0u8; 10];
+    let (mut v, mut k) = (fd as u32, 0);
+    loop {
+        digits[k] = b'0' + (v % 10) as u8;
+        k += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for (i, d) in digits[..k].iter().rev().enumerate() {
+        path[18 + i] = *d;
+    }
+    let f = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if f < 0 {
+        return 0;
+    }
+    let mut n = 0;
+    let (mut buf, mut line, mut len) = ([0u8; 1024], [0u8; 256], 0usize);
+    'read: loop {
+        let got = unsafe { libc::read(f, buf.as_mut_ptr().cast(), buf.len()) };
+        if got <= 0 {
+            break;
+        }
+        for &c in &buf[..got as usize] {
+            if c != b'\n' {
+                if len < line.len() {
+                    line[len] = c;
+                }
+                len += 1;
+                continue;
+            }
+            if len <= line.len()
+                && let Some(byte) = one_byte_lock(&line[..len])
+                && n < KEPT
+            {
+                out[n] = byte;
+                n += 1;
+                if n == KEPT {
+                    break 'read;
+                }
+            }
+            len = 0;
+        }
+    }
+    unsafe { libc::close(f) };
+    n
+}
+
+/// The byte of a `lock:` line of fdinfo that is one of vramcap's: `lock:\t1: OFDLCK ADVISORY  READ
+/// -1 00:01:1025 B B`, B in `[LOCK_BASE, LOCK_END)`.
+pub fn one_byte_lock(line: &[u8]) -> Option<u64> {
+    let rest = line.strip_prefix(b"lock:")?;
+    let mut f = rest.split(|c| c.is_ascii_whitespace()).filter(|w| !w.is_empty());
+    let (_, kind, _, mode, _, _, first, last) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+    if kind != b"OFDLCK" || mode != b"READ" || first != last {
+        return None;
+    }
+    let byte = first.iter().try_fold(0u64, |a, &c| if c.is_ascii_digit() { a.checked_mul(10)?.checked_add(u64::from(c - b'0')) } else { None })?;
+    (LOCK_BASE..LOCK_END).contains(&byte).then_some(byte)
 }
 
 /// The raw system call: what is left when the C library has neither `fcntl` nor `fcntl64` after

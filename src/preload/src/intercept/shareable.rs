@@ -101,14 +101,30 @@ pub fn release(span: Carry) {
         return;
     }
     k.held.swap_remove(i);
-    // Cannot fail on bytes we locked; if it did, the lock would keep the memory (stricter). An
-    // unlock takes every lock of ours in the span: the others overlapping it are taken again.
-    unlock_range(k.fd, span.0, span.1);
-    for &((first, last), _) in &k.held {
-        if first <= span.1 && span.0 <= last {
-            lock_range(k.fd, first, last);
-        }
+    // Only the bytes no other import of ours covers (an unlock takes every lock of ours in its
+    // range, and unlocking then locking again would leave a moment a sweep could see). Cannot
+    // fail on bytes we locked; if it did, the lock would keep the memory (stricter).
+    for (first, last) in uncovered(span, &k.held) {
+        unlock_range(k.fd, first, last);
     }
+}
+
+/// The parts of `span` that none of `held` covers.
+fn uncovered(span: Carry, held: &[(Carry, u32)]) -> Vec<Carry> {
+    let mut others: Vec<Carry> = held.iter().map(|e| e.0).filter(|o| o.0 <= span.1 && span.0 <= o.1).collect();
+    others.sort_unstable();
+    let (mut out, mut next) = (Vec::new(), Some(span.0));
+    for (first, last) in others {
+        let Some(from) = next else { break };
+        if first > from {
+            out.push((from, first - 1));
+        }
+        next = if last >= span.1 { None } else { Some(from.max(last + 1)) };
+    }
+    if let Some(from) = next {
+        out.push((from, span.1));
+    }
+    out
 }
 
 /// For `pthread_atfork`, after the handle table's lock: the keeper's lock.
@@ -195,6 +211,26 @@ mod tests {
         unsafe { libc::close(fd) };
         unsafe { libc::close(copy) };
         unsafe { libc::close(other) };
+    }
+
+    #[test]
+    fn a_release_unlocks_only_what_no_other_import_covers() {
+        let e = |f: u64, l: u64| ((f, l), 1u32);
+        assert_eq!(uncovered((10, 20), &[]), vec![(10, 20)]);
+        assert_eq!(uncovered((10, 20), &[e(12, 12), e(15, 16)]), vec![(10, 11), (13, 14), (17, 20)]);
+        assert_eq!(uncovered((10, 20), &[e(0, 100)]), vec![]);
+        assert_eq!(uncovered((10, 20), &[e(5, 10), e(20, 30)]), vec![(11, 19)]);
+        assert_eq!(uncovered((10, 20), &[e(11, 14), e(12, 13), e(30, 40)]), vec![(10, 10), (15, 20)]);
+        // An id import and an import of every id in one process, released in either order.
+        let (id, all) = ((LOCK_BASE + 5, LOCK_BASE + 5), (LOCK_BASE, ID_END - 1));
+        let fd = memfd();
+        let listed = |b: u64| fd_locks(fd).unwrap().iter().any(|l| l.2 <= b && b <= l.3);
+        assert!(lock_range(fd, id.0, id.1) && lock_range(fd, all.0, all.1));
+        for (first, last) in uncovered(all, &[(id, 1)]) {
+            unlock_range(fd, first, last);
+        }
+        assert!(listed(LOCK_BASE + 5) && !listed(LOCK_BASE + 6));
+        unsafe { libc::close(fd) };
     }
 
     #[test]
