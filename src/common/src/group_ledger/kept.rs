@@ -269,9 +269,9 @@ impl Shared {
     /// Gives back (to `orphans`, then to the group when no member holds an import of unknown
     /// origin) the exported memory of ended members that no lock in `locks()` keeps ([`keeps`]:
     /// no fd of it open and no process importing it; `/proc/locks`, read only when there is
-    /// something to decide, at least twice and until two readings in a row agree (at most four):
-    /// an allocation is closed only when no reading keeps it; `None`: unreadable, nothing
-    /// decided). Returns the bytes moved.
+    /// something to decide, at least twice and until two readings in a row agree (at most six
+    /// tries): an allocation is closed only when no reading keeps it; `None`: unreadable or torn,
+    /// tried again; fewer than two good readings decide nothing). Returns the bytes moved.
     ///
     /// An importer locks the id's byte before its driver call and closes the fd after it, so the
     /// kernel's list shows the fd's lock or the import's at every moment in between.
@@ -280,23 +280,25 @@ impl Shared {
         if candidates.is_empty() {
             return 0;
         }
-        // At least two readings, and more (up to four) until two in a row agree: a reading torn by
-        // locks coming and going is followed by another.
-        let mut last: Option<Vec<Lock>> = None;
-        for reading in 0..4 {
+        // At least two readings, and more until two in a row agree: a reading torn by locks
+        // coming and going is followed by another. A reading that failed (unreadable, or torn
+        // past our own probe) is tried again; short of two good ones, nothing open is decided.
+        let (mut last, mut good): (Option<Vec<Lock>>, u32) = (None, 0);
+        for _attempt in 0..6 {
             if candidates.iter().all(|a| a.closed) {
                 break;
             }
-            let Some(mut locks) = locks() else {
-                candidates.retain(|a| a.closed);
-                break;
-            };
+            let Some(mut locks) = locks() else { continue };
+            good += 1;
             candidates.retain(|a| a.closed || !self.kept_by(a, &locks));
             locks.sort_unstable();
-            if reading >= 1 && last.as_ref() == Some(&locks) {
+            if good >= 2 && last.as_ref() == Some(&locks) {
                 break;
             }
             last = Some(locks);
+        }
+        if good < 2 {
+            candidates.retain(|a| a.closed);
         }
         let mut moved = 0u64;
         for a in candidates {

@@ -171,6 +171,25 @@ fn an_import_keeps_only_the_allocation_it_imported() {
     assert_eq!(held(&s), 0);
 }
 
+/// A reading that fails (a torn list that skipped our own probe) is tried again, not taken for
+/// "undecidable": the sweep decides from two good readings; with fewer it decides nothing.
+#[test]
+fn a_failed_reading_is_tried_again() {
+    let s = Shared::in_memory("x");
+    let a = s.claim(1, 1, 0).unwrap();
+    charge(&s, a, 100);
+    export(&s, a, 100, 3);
+    end(&s, a);
+    let tries = std::sync::atomic::AtomicU32::new(0);
+    let once_good = || (tries.fetch_add(1, SeqCst) == 2).then(Vec::new);
+    assert_eq!(s.sweep_exports(&once_good), 0, "one good reading of six decides nothing");
+    assert_eq!((held(&s), tries.load(SeqCst)), (100, 6));
+    tries.store(0, SeqCst);
+    let first_fails = || (tries.fetch_add(1, SeqCst) > 0).then(Vec::new);
+    assert_eq!(s.sweep_exports(&first_fails), 100);
+    assert_eq!((held(&s), tries.load(SeqCst)), (0, 3));
+}
+
 /// Ids are scrambled with the group's seed: distinct within a group, and two groups' first
 /// exports (every lock of the machine is in one list) do not share a byte.
 #[test]
