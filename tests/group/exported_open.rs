@@ -25,7 +25,12 @@ fn setup() -> Setup {
 }
 
 fn member(s: &Setup, bare: bool) -> Run {
-    let r = Run::client("client_linked")
+    member_as(s, bare, "client_linked")
+}
+
+/// A member run through one of the three front ends (linked, `dlsym`, `cuGetProcAddress`).
+fn member_as(s: &Setup, bare: bool, client: &str) -> Run {
+    let r = Run::client(client)
         .env("VRAMCAP_GROUP", "xg")
         .env("VRAMCAP_GROUP_DIR", &s.dir)
         .env("VRAMCAP_GROUP_LIMIT", "256m")
@@ -87,9 +92,9 @@ fn a_reexported_import_keeps_the_memory_charged_after_exporter_and_importer_end(
     assert_eq!(rc, 2, "granted 250 MiB while the device holds {} MiB of the group's memory (budget 256)", held / MIB);
 }
 
-/// The same member run in group `name` (each group 256 MiB).
-fn in_named(s: &Setup, name: &str) -> Run {
-    member(s, false).env("VRAMCAP_GROUP", name)
+/// The same member run in group `name` (each group 256 MiB), through `client`.
+fn in_named(s: &Setup, name: &str, client: &str) -> Run {
+    member_as(s, false, client).env("VRAMCAP_GROUP", name)
 }
 
 /// Two groups (two containers, 256 MiB each) share VMM memory: E in group `h` exports 200 MiB to
@@ -99,6 +104,13 @@ fn in_named(s: &Setup, name: &str) -> Run {
 /// 250 MiB more in `h` and 200 MiB more in `g` the device holds 650 MiB under two budgets of 256.
 #[test]
 fn memory_imported_by_another_group_stays_charged_to_the_exporters_group() {
+    // On each lookup path: export, import, map and release all go through the same wrappers.
+    for c in CLIENTS {
+        imported_by_another_group(c);
+    }
+}
+
+fn imported_by_another_group(c: &str) {
     let s = setup();
     let dev = SharedDevice::open(&s.devfile);
     let ops = format!(
@@ -106,12 +118,12 @@ fn memory_imported_by_another_group_stays_charged_to_the_exporters_group() {
         s.sock.display(),
         s.hold.display()
     );
-    let mut i = in_named(&s, "g").args([ops]).spawn();
+    let mut i = in_named(&s, "g", c).args([ops]).spawn();
     assert_eq!(i.wait_for("fdlisten").rc(), 0);
-    let out = in_named(&s, "h").args([format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0", s.sock.display())]).run();
+    let out = in_named(&s, "h", c).args([format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0", s.sock.display())]).run();
     out.ok();
     assert_eq!(i.wait_for("vamap").rc(), 0);
-    let ask = in_named(&s, "h").args(["init ctx 0 vmm 250m 0 waitfifo /dev/null"]).spawn();
+    let ask = in_named(&s, "h", c).args(["init ctx 0 vmm 250m 0 waitfifo /dev/null"]).spawn();
     let mut ask = ask;
     let h_rc = ask.wait_for("vmm").rc();
     go(&s.hold);
@@ -121,7 +133,7 @@ fn memory_imported_by_another_group_stays_charged_to_the_exporters_group() {
     let peak = dev.peak().load(std::sync::atomic::Ordering::SeqCst);
     assert!(
         peak <= 2 * BUDGET && h_rc == 2,
-        "h granted 250 MiB (rc {h_rc}), g granted 200 MiB (rc {g_rc}) while g's member maps h's 200 MiB: device peak {} MiB under two budgets of 256",
+        "{c}: h granted 250 MiB (rc {h_rc}), g granted 200 MiB (rc {g_rc}) while g's member maps h's 200 MiB: device peak {} MiB under two budgets of 256",
         peak / MIB
     );
 }
