@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 struct Setup {
     dir: PathBuf,
     devfile: PathBuf,
-    sock: PathBuf,
     go1: PathBuf,
 }
 
@@ -23,7 +22,7 @@ fn setup() -> Setup {
     let dir = private_group_dir();
     let go1 = dir.join("go1");
     assert!(std::process::Command::new("mkfifo").arg(&go1).status().unwrap().success());
-    Setup { devfile: dir.join("device"), sock: dir.join("sock"), go1, dir }
+    Setup { devfile: dir.join("device"), go1, dir }
 }
 
 /// A process on the shared fake device, with no group (preloaded unless `bare`).
