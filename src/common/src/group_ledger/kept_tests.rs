@@ -334,3 +334,72 @@ fn an_importers_own_lock_keeps_the_memory_after_the_fd_is_closed() {
     assert_eq!((s.sweep_exports(&proc_locks), held(&s)), (200, 0));
     unsafe { libc::close(keeper) };
 }
+
+// ---- attack 23d: what a sweep costs (one runs before every denial) ----
+
+/// `n` OFD locks of some other program (a database's byte-range locks: one lock per record, on
+/// bytes far below vramcap's) on a memfd of their own.
+fn other_programs_locks(n: i64) -> i32 {
+    let fd = unsafe { libc::memfd_create(c"attack23d-db".as_ptr(), 0) };
+    for k in 0..n {
+        assert!(ofd(fd, libc::F_RDLCK, 2 * k, 1));
+    }
+    fd
+}
+
+/// An ended member's export whose fd stays open (a client holds it: ordinary) makes every sweep,
+/// so every denial of every member, read `/proc/locks` at least twice: the whole list, every lock
+/// of the machine, parsed line by line. With 10,000 locks listed (a database, a mail spool), an
+/// allocation storm that is denied (a member at its cap retrying in a loop) pays that each time.
+#[test]
+#[ignore = "attack: with 10,000 unrelated locks in /proc/locks a sweep (run before each denial) costs milliseconds"]
+fn attack_a_sweep_with_ten_thousand_locks_listed_is_slow() {
+    let s = Shared::in_memory("x");
+    let db = other_programs_locks(10_000);
+    let fd = unsafe { libc::memfd_create(c"attack23d-export".as_ptr(), 0) };
+    let id = s.new_export_id();
+    export_real(&s, fd, id);
+    let reads = std::sync::atomic::AtomicU32::new(0);
+    let counted = || {
+        reads.fetch_add(1, SeqCst);
+        proc_locks()
+    };
+    let _ = s.sweep_exports(&counted);
+    let t = std::time::Instant::now();
+    const SWEEPS: u32 = 50;
+    for _ in 0..SWEEPS {
+        assert_eq!(s.sweep_exports(&counted), 0);
+    }
+    let per_sweep = t.elapsed() / SWEEPS;
+    let per_read = reads.load(SeqCst) / (SWEEPS + 1);
+    eprintln!("one sweep (one denial): {per_sweep:?}, {per_read} readings of /proc/locks");
+    // Churn: another program taking and dropping one lock in a loop makes readings differ; the
+    // sweep then reads six times.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (churn_sweep, churn_reads) = std::thread::scope(|sc| {
+        let worst = sc.spawn(|| {
+            let mut worst = std::time::Duration::ZERO;
+            while !stop.load(SeqCst) {
+                let t = std::time::Instant::now();
+                ofd(db, libc::F_RDLCK, 1 << 30, 1);
+                ofd(db, libc::F_UNLCK, 1 << 30, 1);
+                worst = worst.max(t.elapsed());
+            }
+            worst
+        });
+        reads.store(0, SeqCst);
+        let t = std::time::Instant::now();
+        for _ in 0..SWEEPS {
+            assert_eq!(s.sweep_exports(&counted), 0);
+        }
+        let r = (t.elapsed() / SWEEPS, reads.load(SeqCst) as f64 / f64::from(SWEEPS));
+        stop.store(true, SeqCst);
+        eprintln!("the other program's slowest lock+unlock meanwhile: {:?}", worst.join().unwrap());
+        r
+    });
+    eprintln!("with churn: {churn_sweep:?} per sweep, {churn_reads} readings");
+    unsafe { libc::close(fd) };
+    unsafe { libc::close(db) };
+    assert!(per_sweep < std::time::Duration::from_millis(1), "a denial costs {per_sweep:?} of /proc/locks reading");
+    assert!(churn_sweep < std::time::Duration::from_millis(1), "a denial under lock churn costs {churn_sweep:?} ({churn_reads} readings)");
+}

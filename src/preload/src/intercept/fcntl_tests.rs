@@ -203,3 +203,92 @@ fn attack_a_whole_file_read_unlock_still_blocks_writers() {
     unsafe { libc::close(b) };
     assert_eq!(b_rc, (0, 0), "B cannot write-lock a file nobody has locked any more");
 }
+
+// ---- attack 23d: the restore after an unlock ----
+
+/// Whether another description (`other`) can write-lock byte `b`: false while some lock is on it.
+fn free_for_writer(other: c_int, b: i64) -> bool {
+    let mut l = flock(libc::F_WRLCK, libc::SEEK_SET, b, 1);
+    assert_eq!(unsafe { libc::syscall(libc::SYS_fcntl, other, libc::F_OFD_GETLK, &mut l as *mut libc::flock) }, 0);
+    l.l_type == libc::F_UNLCK as libc::c_short
+}
+
+/// An application (a database, a sparse-file index, any program with no CUDA at all) takes a
+/// one-byte OFD read lock at an offset in [2^40, 2^42) and unlocks exactly that byte. The hook
+/// cannot tell the application's byte from vramcap's and takes it again after the unlock: the
+/// application keeps a lock it released, and writers on other descriptions are refused for good.
+#[test]
+#[ignore = "attack: an application's own one-byte read lock in [2^40, 2^42) is taken again after its unlock"]
+fn attack_an_applications_own_high_byte_read_lock_survives_its_unlock() {
+    let a = memfd();
+    let b = reopen(a);
+    let byte = B + 12_345;
+    assert_eq!(ofd(a, libc::F_RDLCK, libc::SEEK_SET, byte, 1), (0, 0), "the application's own read lock");
+    assert!(!free_for_writer(b, byte));
+    assert_eq!(ofd(a, libc::F_UNLCK, libc::SEEK_SET, byte, 1), (0, 0), "and its exact unlock");
+    let (left, free) = (held(a), free_for_writer(b, byte));
+    // The same through a whole-file unlock.
+    assert_eq!(ofd(a, libc::F_RDLCK, libc::SEEK_SET, byte + 10, 1), (0, 0));
+    assert_eq!(ofd(a, libc::F_UNLCK, libc::SEEK_SET, 0, 0), (0, 0));
+    let left_whole = held(a);
+    unsafe { libc::close(a) };
+    unsafe { libc::close(b) };
+    assert_eq!(left, vec![], "the application unlocked its byte, yet its description still holds it");
+    assert!(free, "a writer on another description is refused the byte nobody holds");
+    assert_eq!(left_whole, vec![], "a whole-file unlock leaves the application's own high-byte read locks");
+}
+
+/// vramcap's restore is blind when `/proc/self/fdinfo` cannot be opened: a process at its
+/// RLIMIT_NOFILE (a busy server gets EMFILE all the time; also a sandbox without /proc) that makes
+/// the commonest OFD unlock, the whole file, on an exported fd drops vramcap's export lock and keeps
+/// the fd: the group's sweep then finds the allocation closed while the fd can still be imported
+/// (a bypass, without any raw system call). Run in a forked child (the limit is per process).
+#[test]
+#[ignore = "attack: an unlock at the fd limit (fdinfo cannot be opened) drops vramcap's export lock"]
+fn attack_a_whole_file_unlock_at_the_fd_limit_drops_vramcaps_lock() {
+    let a = memfd();
+    let b = reopen(a);
+    assert!(lock_byte(a, LOCK_BASE + 7), "vramcap's export lock");
+    assert!(!free_for_writer(b, B + 7));
+    let top = a.max(b) as u64 + 1;
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // Every fd number below the limit taken: the next open gets EMFILE.
+        let lim = libc::rlimit { rlim_cur: top, rlim_max: top };
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+        for n in 0..top as c_int {
+            if unsafe { libc::fcntl(n, libc::F_GETFD) } < 0 {
+                unsafe { libc::dup2(a, n) };
+            }
+        }
+        let l = flock(libc::F_UNLCK, libc::SEEK_SET, 0, 0);
+        let rc = unsafe { fcntl(a, libc::F_OFD_SETLK, &l as *const libc::flock as usize) };
+        let code = if rc != 0 { 2 } else if free_for_writer(b, B + 7) { 1 } else { 0 };
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    let still = !free_for_writer(b, B + 7);
+    unsafe { libc::close(a) };
+    unsafe { libc::close(b) };
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) != 2, "the unlock itself failed: {status}");
+    assert!(still && libc::WEXITSTATUS(status) == 0, "vramcap's lock on the exported description is gone after the application's whole-file unlock");
+}
+
+/// More than `KEPT` (16) one-byte read locks in vramcap's bytes ahead of vramcap's own (the kernel
+/// lists a description's locks by offset; ids are scattered over 2^40, so most sit high): the
+/// rest is not restored and the export lock goes with a whole-file unlock.
+#[test]
+#[ignore = "attack: only the first 16 one-byte locks in [2^40, 2^42) are restored; vramcap's may be the 17th"]
+fn attack_seventeen_low_bytes_push_vramcaps_lock_out_of_the_restore() {
+    let a = memfd();
+    let id_byte = B + (1 << 39);
+    assert!(lock_byte(a, id_byte as u64), "vramcap's export lock, id 2^39");
+    for k in 0..17 {
+        assert_eq!(ofd(a, libc::F_RDLCK, libc::SEEK_SET, B + 2 * k, 1), (0, 0));
+    }
+    assert_eq!(ofd(a, libc::F_UNLCK, libc::SEEK_SET, 0, 0), (0, 0));
+    let left = held(a);
+    unsafe { libc::close(a) };
+    assert!(left.contains(&(id_byte, Some(id_byte))), "vramcap's export lock is gone: {left:?}");
+}
