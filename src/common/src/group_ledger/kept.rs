@@ -310,6 +310,32 @@ impl Shared {
         moved
     }
 
+    /// [`Self::sweep_exports`] over `/proc/locks`, paced: this process reads the list at most once
+    /// per [`PACE_MS`] (a sweep runs before every denial, and each reading of a long list holds
+    /// the kernel's file-lock lock against every `fcntl` lock on the machine); a sweep inside the
+    /// pace reads nothing and decides only what needs no reading. The cost of the pace is a
+    /// denial at most that long after an fd closed (it errs towards denying).
+    pub fn sweep_exports_paced(&self) -> u64 {
+        static LAST: AtomicU64 = AtomicU64::new(0);
+        self.sweep_paced(&proc_locks, monotonic_ms(), &LAST)
+    }
+
+    pub(super) fn sweep_paced(&self, locks: &dyn Fn() -> Option<Vec<Lock>>, now: u64, last: &AtomicU64) -> u64 {
+        let before = last.load(Acquire);
+        if before != 0 && now.saturating_sub(before) < PACE_MS {
+            return self.sweep_exports(&|| None);
+        }
+        let read = std::sync::atomic::AtomicBool::new(false);
+        let moved = self.sweep_exports(&|| {
+            read.store(true, Relaxed);
+            locks()
+        });
+        if read.load(Relaxed) {
+            last.store(now.max(1), Release);
+        }
+        moved
+    }
+
     /// Whether a lock in `locks` keeps allocation `a` (its exports' files as recorded).
     fn kept_by(&self, a: &Allocation, locks: &[Lock]) -> bool {
         let files: Vec<(u64, u64)> = a
@@ -401,6 +427,35 @@ pub fn random_seed() -> u64 {
     t ^ (u64::from(std::process::id()) << 40)
 }
 
+/// A `/proc` file read with large reads. The kernel prints `/proc/locks` a page at a time and
+/// starts again from a position for each `read`: locks added or removed between two reads shift
+/// the rest, and a line can be skipped. `read_to_string` begins with a 32-byte read (and so many
+/// small ones): a list of a dozen locks came back torn while another program locked and
+/// unlocked. Each read here asks for 64 KiB, so a list that fits a page is read in one.
+fn read_whole(path: &str) -> Option<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).ok()?;
+    let (mut out, mut chunk) = (Vec::new(), vec![0u8; 64 * 1024]);
+    loop {
+        match f.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// How often a process reads `/proc/locks` for sweeps at most ([`Shared::sweep_exports_paced`]).
+pub const PACE_MS: u64 = 100;
+
+fn monotonic_ms() -> u64 {
+    let mut t: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    (t.tv_sec as u64).saturating_mul(1000).saturating_add(t.tv_nsec as u64 / 1_000_000)
+}
+
 /// A lock byte past every id: this process's own probe (ids count exports, far below 2^40).
 const PROBE_BYTE: u64 = LOCK_BASE << 1;
 
@@ -409,7 +464,7 @@ const PROBE_BYTE: u64 = LOCK_BASE << 1;
 /// masked in a container, a sandbox's /proc) would make every export look closed.
 pub fn proc_locks() -> Option<Vec<Lock>> {
     let probe = probe()?;
-    let locks = parse_locks(&std::fs::read_to_string("/proc/locks").ok()?);
+    let locks = parse_locks(&read_whole("/proc/locks")?);
     locks.iter().any(|l| (l.0, l.1) == (probe.0, probe.1) && l.2 <= probe.2 && probe.2 <= l.3).then_some(locks)
 }
 

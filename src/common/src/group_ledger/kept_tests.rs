@@ -337,47 +337,93 @@ fn an_importers_own_lock_keeps_the_memory_after_the_fd_is_closed() {
 
 // ---- attack 23d: what a sweep costs (one runs before every denial) ----
 
-/// `n` OFD locks of some other program (a database's byte-range locks: one lock per record, on
-/// bytes far below vramcap's) on a memfd of their own.
-fn other_programs_locks(n: i64) -> i32 {
-    let fd = unsafe { libc::memfd_create(c"attack23d-db".as_ptr(), 0) };
-    for k in 0..n {
-        assert!(ofd(fd, libc::F_RDLCK, 2 * k, 1));
+/// An ended member's export whose fd stays open (a client holds it: ordinary) makes every sweep
+/// read `/proc/locks`, and a sweep runs before every denial: with 10,000 locks listed a reading
+/// took ~12 ms here and held the kernel's file-lock lock against every other program's locks
+/// (the attack measured a 8 ms stall of another program's lock+unlock). A process's sweeps now
+/// read the list at most once per `PACE_MS`; inside the pace, what needs no reading is still
+/// decided. (Speed itself is measured by `scripts/bench-sweep`, not asserted here.)
+#[test]
+fn a_storm_of_denials_reads_the_lock_list_once_per_pace() {
+    let s = Shared::in_memory("x");
+    let (a, b) = (s.claim(1, 1, 0).unwrap(), s.claim(2, 1, 0).unwrap());
+    charge(&s, a, 100);
+    charge(&s, b, 100);
+    export(&s, a, 100, 3);
+    export(&s, b, 100, 4);
+    end(&s, a);
+    end(&s, b);
+    let reads = std::sync::atomic::AtomicU32::new(0);
+    let open = || {
+        reads.fetch_add(1, SeqCst);
+        Some(vec![lock(3), lock(4)])
+    };
+    let last = AtomicU64::new(0);
+    assert_eq!(s.sweep_paced(&open, 1_000, &last), 0);
+    let first = reads.load(SeqCst);
+    assert!(first >= 1);
+    for t in 1_001..1_099 {
+        assert_eq!(s.sweep_paced(&open, t, &last), 0);
     }
-    fd
+    assert_eq!(reads.load(SeqCst), first, "no reading inside the pace");
+    // Past it, the next sweep reads again and decides.
+    let closed = || Some(vec![lock(3)]);
+    assert_eq!(s.sweep_paced(&closed, 1_000 + PACE_MS, &last), 100);
+    assert_eq!(held(&s), 100);
+    // Inside the next pace, an allocation already found closed still goes without a reading
+    // (here, none is left waiting; the one still open is not decided).
+    assert_eq!(s.sweep_paced(&|| panic!("read inside the pace"), 1_000 + PACE_MS + 1, &last), 0);
 }
 
-/// An ended member's export whose fd stays open (a client holds it: ordinary) makes every sweep,
-/// so every denial of every member, read `/proc/locks` at least twice: the whole list, every lock
-/// of the machine, parsed line by line. With 10,000 locks listed (a database, a mail spool), an
-/// allocation storm that is denied (a member at its cap retrying in a loop) pays that each time.
+/// A lock that stays is seen while another program's locks come and go: `/proc/locks` used to be
+/// read with small reads (`read_to_string` starts with 32 bytes), each one restarting the kernel's
+/// listing from a position that the other program's lock and unlock shifted, and an export whose
+/// fd stayed open was found closed and given back in about half of 50 sweeps (a cap bypass,
+/// found by the sweep benchmark).
 #[test]
-#[ignore = "attack: with 10,000 unrelated locks in /proc/locks a sweep (run before each denial) costs milliseconds"]
-fn attack_a_sweep_with_ten_thousand_locks_listed_is_slow() {
-    let s = Shared::in_memory("x");
-    let db = other_programs_locks(10_000);
-    let fd = unsafe { libc::memfd_create(c"attack23d-export".as_ptr(), 0) };
-    let id = s.new_export_id();
-    export_real(&s, fd, id);
-    let reads = std::sync::atomic::AtomicU32::new(0);
-    let counted = || {
-        reads.fetch_add(1, SeqCst);
-        proc_locks()
-    };
-    let _ = s.sweep_exports(&counted);
-    let t = std::time::Instant::now();
-    const SWEEPS: u32 = 50;
-    for _ in 0..SWEEPS {
-        assert_eq!(s.sweep_exports(&counted), 0);
+fn a_lock_that_stays_is_seen_while_other_locks_come_and_go() {
+    let db = unsafe { libc::memfd_create(c"churn-db".as_ptr(), 0) };
+    for k in 0..10 {
+        assert!(ofd(db, libc::F_RDLCK, 2 * k, 1));
     }
-    let per_sweep = t.elapsed() / SWEEPS;
-    let per_read = reads.load(SeqCst) / (SWEEPS + 1);
-    eprintln!("one sweep (one denial): {per_sweep:?}, {per_read} readings of /proc/locks");
-    // Churn: another program taking and dropping one lock in a loop makes readings differ; the
-    // sweep then reads six times.
+    let s = Shared::in_memory("x");
+    let fd = unsafe { libc::memfd_create(c"churn-export".as_ptr(), 0) };
+    export_real(&s, fd, s.new_export_id());
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let (churn_sweep, churn_reads) = std::thread::scope(|sc| {
-        let worst = sc.spawn(|| {
+    let moved = std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(SeqCst) {
+                ofd(db, libc::F_RDLCK, 1 << 30, 1);
+                ofd(db, libc::F_UNLCK, 1 << 30, 1);
+            }
+        });
+        let moved: u64 = (0..300).map(|_| s.sweep_exports(&proc_locks)).sum();
+        stop.store(true, SeqCst);
+        moved
+    });
+    unsafe { libc::close(fd) };
+    unsafe { libc::close(db) };
+    assert_eq!((moved, held(&s)), (0, 200), "the export's fd is open all along");
+}
+
+/// `scripts/bench-sweep`: what one sweep's reading of `/proc/locks` costs with `n` unrelated
+/// locks listed (a database's byte-range locks), and how long another program's lock+unlock
+/// waits meanwhile. Prints numbers; asserts nothing about time.
+#[test]
+#[ignore = "benchmark: run by scripts/bench-sweep"]
+fn bench_sweep() {
+    let n: i64 = std::env::var("BENCH_LOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
+    let db = unsafe { libc::memfd_create(c"bench-sweep-db".as_ptr(), 0) };
+    for k in 0..n {
+        assert!(ofd(db, libc::F_RDLCK, 2 * k, 1));
+    }
+    let s = Shared::in_memory("x");
+    let fd = unsafe { libc::memfd_create(c"bench-sweep-export".as_ptr(), 0) };
+    export_real(&s, fd, s.new_export_id());
+    const SWEEPS: u32 = 50;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (per_sweep, worst) = std::thread::scope(|sc| {
+        let other = sc.spawn(|| {
             let mut worst = std::time::Duration::ZERO;
             while !stop.load(SeqCst) {
                 let t = std::time::Instant::now();
@@ -387,19 +433,22 @@ fn attack_a_sweep_with_ten_thousand_locks_listed_is_slow() {
             }
             worst
         });
-        reads.store(0, SeqCst);
         let t = std::time::Instant::now();
+        let mut moved = 0;
         for _ in 0..SWEEPS {
-            assert_eq!(s.sweep_exports(&counted), 0);
+            moved += s.sweep_exports(&proc_locks);
         }
-        let r = (t.elapsed() / SWEEPS, reads.load(SeqCst) as f64 / f64::from(SWEEPS));
+        let per = t.elapsed() / SWEEPS;
         stop.store(true, SeqCst);
-        eprintln!("the other program's slowest lock+unlock meanwhile: {:?}", worst.join().unwrap());
-        r
+        assert_eq!(moved, 0, "the export's fd is open");
+        (per, other.join().unwrap())
     });
-    eprintln!("with churn: {churn_sweep:?} per sweep, {churn_reads} readings");
+    let last = AtomicU64::new(0);
+    let t = std::time::Instant::now();
+    for k in 0..1000u64 {
+        s.sweep_paced(&proc_locks, 1_000_000 + k / 100, &last);
+    }
+    println!("{n} locks listed: one unpaced sweep {per_sweep:?}; another program's slowest lock+unlock meanwhile {worst:?}; 1000 paced sweeps in 10 ms of clock: {:?} in all", t.elapsed());
     unsafe { libc::close(fd) };
     unsafe { libc::close(db) };
-    assert!(per_sweep < std::time::Duration::from_millis(1), "a denial costs {per_sweep:?} of /proc/locks reading");
-    assert!(churn_sweep < std::time::Duration::from_millis(1), "a denial under lock churn costs {churn_sweep:?} ({churn_reads} readings)");
 }

@@ -10,31 +10,74 @@
 //!
 //! The application's unlock goes to the kernel exactly as it asked (its own locks go, whatever
 //! they were): vramcap never narrows it, since a narrowed unlock leaves the application holding a
-//! lock it released. Before it, the description's own lock list (`/proc/self/fdinfo`) is read for
-//! vramcap's locks: one-byte read locks in `[LOCK_BASE, LOCK_END)`, bytes no application or
-//! driver uses; after a successful unlock those are taken again (one read lock per byte, as
-//! before: taking a lock that is still there changes nothing). A lock of vramcap's that an
-//! application's own lock had merged with (the application locked a range covering it, then
-//! unlocked) is no longer one byte and is not told apart: it goes with the application's.
+//! lock it released. vramcap remembers, in a fixed table ([`remember`]), each byte it locked on an
+//! exported (or received, or re-exported) file: (device, inode, byte). An unlock on a file with
+//! none (every application's own file) goes straight through, after one `fstat`. On a file with
+//! some, the description's lock list (`/proc/self/fdinfo`) says which of those bytes it holds,
+//! whatever range covers them (an application's own lock merged with ours too), and after a
+//! successful unlock those are taken again, one read lock per byte. Bytes an application locks
+//! itself in vramcap's range are never taken again: they are not in the table. A list that cannot
+//! be read (no `/proc`, the process at its fd limit) restores every remembered byte of the file:
+//! that may leave a lock of ours on another description of the same file (it keeps the memory
+//! charged longer, never shorter).
 //!
-//! Not covered (docs/coverage.md): that merged case, a raw `syscall(SYS_fcntl, ..)`, glibc's
-//! `__fcntl` (another name of the same function, which programs do not call), and a process that
-//! holds a copy of the fd without vramcap preloaded.
+//! Not covered (docs/coverage.md): a raw `syscall(SYS_fcntl, ..)`, glibc's `__fcntl` (another
+//! name of the same function, which programs do not call), a process that holds a copy of the fd
+//! without vramcap preloaded or without having imported it, more than [`MINE`] remembered bytes.
 //!
 //! The hook allocates nothing, writes nothing and logs nothing: `fcntl` is async-signal-safe and
 //! called from everywhere (allocators, loggers, signal handlers). It reads the lock list with
 //! `open`/`read`/`close` into a stack buffer, and restores `errno`. It reads no configuration
-//! either (that may allocate): with vramcap disabled nobody takes the reserved bytes, so there is
-//! nothing to take again. Its parsing cannot panic, so nothing needs `catch_unwind`.
+//! either (that may allocate). Its parsing cannot panic, so nothing needs `catch_unwind`.
 
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use vramcap_common::group_ledger::kept::{LOCK_BASE, LOCK_END};
 
-/// vramcap's one-byte locks a description can hold that are taken again after an unlock (an
-/// exported fd holds one; more are restored in order, the rest left to the application's unlock).
-const KEPT: usize = 16;
+/// Bytes vramcap remembers having locked on exported files (one per export of an allocation
+/// here, per re-export, per received fd imported); past them, an unlock is not undone.
+pub const MINE: usize = 256;
+
+/// One remembered byte: `state` 0 free, 1 being written, 2 set.
+struct Mine {
+    state: AtomicU64,
+    dev: AtomicU64,
+    ino: AtomicU64,
+    byte: AtomicU64,
+}
+
+static TABLE: [Mine; MINE] =
+    [const { Mine { state: AtomicU64::new(0), dev: AtomicU64::new(0), ino: AtomicU64::new(0), byte: AtomicU64::new(0) } }; MINE];
+
+/// A file's identity from `fstat` (device, inode); `None` for a bad fd.
+pub fn file_of(fd: c_int) -> Option<(u64, u64)> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// vramcap locked `byte` (in its range) on `fd`'s file: remembered for the life of the process
+/// (false when the table is full: that byte is not taken again after an application's unlock).
+pub fn remember(fd: c_int, byte: u64) -> bool {
+    let Some((dev, ino)) = file_of(fd) else { return false };
+    if !(LOCK_BASE..LOCK_END).contains(&byte) {
+        return false;
+    }
+    let same = |m: &Mine| m.state.load(Ordering::Acquire) == 2 && m.byte.load(Ordering::Relaxed) == byte && m.dev.load(Ordering::Relaxed) == dev && m.ino.load(Ordering::Relaxed) == ino;
+    if TABLE.iter().any(same) {
+        return true;
+    }
+    for m in &TABLE {
+        if m.state.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            m.dev.store(dev, Ordering::Relaxed);
+            m.ino.store(ino, Ordering::Relaxed);
+            m.byte.store(byte, Ordering::Relaxed);
+            m.state.store(2, Ordering::Release);
+            return true;
+        }
+    }
+    false
+}
 
 /// The real function behind a hook; the third argument is passed as a word (see [`fcntl`]).
 pub type FcntlFn = unsafe extern "C" fn(c_int, c_int, usize) -> c_int;
@@ -65,10 +108,29 @@ pub unsafe fn hook(fd: c_int, cmd: c_int, arg: usize, real: FcntlFn) -> c_int {
         return unsafe { real(fd, cmd, &req as *const libc::flock as usize) };
     }
     let saved = errno();
-    let mut ours = [0u64; KEPT];
-    let n = our_locks(fd, &mut ours);
+    let file = file_of(fd).filter(|&f| remembered(f));
     set_errno(saved);
-    let rc = unsafe { real(fd, cmd, &req as *const libc::flock as usize) };
+    match file {
+        // Every application's own file: nothing of ours on it.
+        None => unsafe { real(fd, cmd, &req as *const libc::flock as usize) },
+        Some(file) => unsafe { unlock_keeping_ours(fd, cmd, &req, real, file) },
+    }
+}
+
+/// Whether vramcap remembers a byte on `file`.
+fn remembered((dev, ino): (u64, u64)) -> bool {
+    TABLE.iter().any(|m| m.state.load(Ordering::Acquire) == 2 && m.dev.load(Ordering::Relaxed) == dev && m.ino.load(Ordering::Relaxed) == ino)
+}
+
+/// The unlock, on a file vramcap locked bytes of: the description's locks of ours it holds now
+/// are taken again after it. Out of line: its buffers stay off the common path's stack.
+#[inline(never)]
+unsafe fn unlock_keeping_ours(fd: c_int, cmd: c_int, req: &libc::flock, real: FcntlFn, file: (u64, u64)) -> c_int {
+    let saved = errno();
+    let mut ours = [0u64; MINE];
+    let n = held_of_ours(fd, file, &mut ours);
+    set_errno(saved);
+    let rc = unsafe { real(fd, cmd, req as *const libc::flock as usize) };
     if rc == 0 && n > 0 {
         let saved = errno();
         for &byte in &ours[..n] {
@@ -89,11 +151,39 @@ fn relock(fd: c_int, byte: u64) {
     unsafe { libc::syscall(libc::SYS_fcntl, fd as libc::c_long, libc::F_OFD_SETLK as libc::c_long, &l as *const libc::flock) };
 }
 
-/// vramcap's locks on `fd`'s description (one-byte read locks in `[LOCK_BASE, LOCK_END)`) as
-/// `/proc/self/fdinfo/FD` lists them, into `out`; returns how many (0 when it cannot be read).
-fn our_locks(fd: c_int, out: &mut [u64; KEPT]) -> usize {
-    if fd < 0 {
+/// The remembered bytes of `file` that `fd`'s description holds now (any of its locks covers
+/// them), into `out`; all of the file's remembered bytes when the list cannot be read. Returns
+/// how many.
+fn held_of_ours(fd: c_int, (dev, ino): (u64, u64), out: &mut [u64; MINE]) -> usize {
+    let mut n = 0;
+    for m in &TABLE {
+        if m.state.load(Ordering::Acquire) == 2 && m.dev.load(Ordering::Relaxed) == dev && m.ino.load(Ordering::Relaxed) == ino {
+            out[n] = m.byte.load(Ordering::Relaxed);
+            n += 1;
+        }
+    }
+    if n == 0 {
         return 0;
+    }
+    let mut covered = [false; MINE];
+    if !covered_by_locks(fd, &out[..n], &mut covered) {
+        return n;
+    }
+    let mut k = 0;
+    for i in 0..n {
+        if covered[i] {
+            out[k] = out[i];
+            k += 1;
+        }
+    }
+    k
+}
+
+/// Marks in `covered` which of `bytes` a lock of `fd`'s description covers, as
+/// `/proc/self/fdinfo/FD` lists them; false when the list cannot be read.
+fn covered_by_locks(fd: c_int, bytes: &[u64], covered: &mut [bool; MINE]) -> bool {
+    if fd < 0 {
+        return false;
     }
     let mut path = *b"/proc/self/fdinfo/\0\0\0\0\0\0\0\0\0\0\0\0";
     let mut digits = [0u8; 10];
@@ -111,12 +201,14 @@ fn our_locks(fd: c_int, out: &mut [u64; KEPT]) -> usize {
     }
     let f = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if f < 0 {
-        return 0;
+        return false;
     }
-    let mut n = 0;
-    let (mut buf, mut line, mut len) = ([0u8; 1024], [0u8; 256], 0usize);
-    'read: loop {
+    let (mut buf, mut line, mut len, mut ok) = ([0u8; 1024], [0u8; 256], 0usize, true);
+    loop {
         let got = unsafe { libc::read(f, buf.as_mut_ptr().cast(), buf.len()) };
+        if got < 0 {
+            ok = false;
+        }
         if got <= 0 {
             break;
         }
@@ -129,33 +221,32 @@ fn our_locks(fd: c_int, out: &mut [u64; KEPT]) -> usize {
                 continue;
             }
             if len <= line.len()
-                && let Some(byte) = one_byte_lock(&line[..len])
-                && n < KEPT
+                && let Some((first, last)) = lock_range(&line[..len])
             {
-                out[n] = byte;
-                n += 1;
-                if n == KEPT {
-                    break 'read;
+                for (i, &b) in bytes.iter().enumerate() {
+                    covered[i] |= first <= b && b <= last;
                 }
             }
             len = 0;
         }
     }
     unsafe { libc::close(f) };
-    n
+    ok
 }
 
-/// The byte of a `lock:` line of fdinfo that is one of vramcap's: `lock:\t1: OFDLCK ADVISORY  READ
-/// -1 00:01:1025 B B`, B in `[LOCK_BASE, LOCK_END)`.
-pub fn one_byte_lock(line: &[u8]) -> Option<u64> {
+/// The bytes an fdinfo `lock:` line's OFD lock covers: `lock:\t1: OFDLCK ADVISORY  READ -1
+/// 00:01:1025 FIRST LAST` (`LAST` may be `EOF`).
+pub fn lock_range(line: &[u8]) -> Option<(u64, u64)> {
     let rest = line.strip_prefix(b"lock:")?;
     let mut f = rest.split(|c| c.is_ascii_whitespace()).filter(|w| !w.is_empty());
-    let (_, kind, _, mode, _, _, first, last) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
-    if kind != b"OFDLCK" || mode != b"READ" || first != last {
+    let (_, kind, _, _, _, _, first, last) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+    if kind != b"OFDLCK" {
         return None;
     }
-    let byte = first.iter().try_fold(0u64, |a, &c| if c.is_ascii_digit() { a.checked_mul(10)?.checked_add(u64::from(c - b'0')) } else { None })?;
-    (LOCK_BASE..LOCK_END).contains(&byte).then_some(byte)
+    let num = |w: &[u8]| w.iter().try_fold(0u64, |a, &c| if c.is_ascii_digit() { a.checked_mul(10)?.checked_add(u64::from(c - b'0')) } else { None });
+    let first = num(first)?;
+    let last = if last == b"EOF" { u64::MAX } else { num(last)? };
+    (first <= last).then_some((first, last))
 }
 
 /// The raw system call: what is left when the C library has neither `fcntl` nor `fcntl64` after

@@ -32,10 +32,22 @@ pub unsafe fn watch(kind: c_int, shareable: *const c_void, ranges: &[(u64, u64)]
     if fd < 0 || !ranges.iter().all(|&(first, last)| lock_range(fd, first, last)) {
         return None;
     }
+    // An application's unlock of this file takes them again (`intercept::fcntl`).
+    for &(first, _) in ranges.iter().filter(|r| r.0 == r.1) {
+        remember(fd, first);
+    }
     let byte = ranges[0].0;
     // Any range covering the byte: the application may hold a lock of its own that merged with it.
     let lock = fd_locks(fd)?.into_iter().find(|l| l.2 <= byte && byte <= l.3)?;
     visible(lock).then_some((lock.0, lock.1))
+}
+
+/// vramcap locked `byte` of `fd`'s file: an application's unlock there takes it again.
+fn remember(fd: c_int, byte: u64) {
+    #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    super::fcntl::remember(fd, byte);
+    #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+    let _ = (fd, byte);
 }
 
 /// Bytes an import or a re-export carries (first, last): an allocation's id byte, or, when the
@@ -55,8 +67,15 @@ pub fn origin(kind: c_int, os: *const c_void) -> Option<Carry> {
     if kind != POSIX_FD {
         return None;
     }
-    let Some(locks) = fd_locks(os as usize as c_int) else { return Some((LOCK_BASE, ID_END - 1)) };
+    let fd = os as usize as c_int;
+    let Some(locks) = fd_locks(fd) else { return Some((LOCK_BASE, ID_END - 1)) };
     let ids: Vec<Carry> = locks.iter().filter(|l| l.2 < ID_END).map(|l| (l.2.max(LOCK_BASE), l.3.min(ID_END - 1))).collect();
+    if let [(first, last)] = ids.as_slice()
+        && first == last
+    {
+        // Its exporter's lock, kept through this process's unlocks of the fd too.
+        remember(fd, *first);
+    }
     let first = ids.iter().map(|r| r.0).min()?;
     Some((first, ids.iter().map(|r| r.1).max()?))
 }
