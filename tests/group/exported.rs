@@ -7,31 +7,19 @@
 
 use vramcap_tests::common;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 const BUDGET: u64 = 256 * MIB;
 
-struct Setup {
-    dir: PathBuf,
-    devfile: PathBuf,
-    sock: PathBuf,
-    fifo: PathBuf,
-}
+use super::scene::{self, Scene as Setup, go};
 
 fn setup() -> Setup {
-    let dir = private_group_dir();
-    let fifo = dir.join("go");
-    let ok = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success();
-    assert!(ok, "mkfifo");
-    Setup { devfile: dir.join("device"), sock: dir.join("sock"), fifo, dir }
+    scene::scene()
 }
 
 /// `r` in group `xg` (256 MiB), on the fake device the test's processes share.
 fn in_group(s: &Setup, r: Run) -> Run {
-    r.env("VRAMCAP_GROUP", "xg")
-        .env("VRAMCAP_GROUP_DIR", &s.dir)
-        .env("VRAMCAP_GROUP_LIMIT", "256m")
-        .env("FAKECUDA_SHARED_DEVICE", &s.devfile)
+    scene::in_group(s, "xg", r)
 }
 
 /// A member of group `xg`, or the same process on the bare fake (`bare`).
@@ -48,7 +36,7 @@ fn importer(s: &Setup, bare: bool) -> Running {
         "init ctx 0 fdlisten {} fdrecv import 0 vamap 0 200m fdclose 0 fdack waitfifo {} \
          vmm 200m 0 vaunmap 0 release 0 vmm 200m 0 info",
         s.sock.display(),
-        s.fifo.display()
+        s.go1.display()
     );
     let mut r = member(s, bare).args([ops]).spawn();
     assert_eq!(r.wait_for("fdlisten").rc(), 0);
@@ -71,9 +59,6 @@ fn ask(s: &Setup, size: &str) -> (i64, String) {
     (out.nth("vmm", 0).rc(), out.stdout)
 }
 
-fn go(fifo: &Path) {
-    drop(std::fs::OpenOptions::new().write(true).open(fifo).unwrap());
-}
 
 #[test]
 fn exported_memory_stays_charged_to_the_group_after_its_exporter_exits() {
@@ -84,7 +69,7 @@ fn exported_memory_stays_charged_to_the_group_after_its_exporter_exits() {
     let mut imp = importer(&s, true);
     export(&s, true);
     assert_eq!(dev.held(), 200 * MIB, "bare: the importer's mapping keeps the exporter's memory");
-    go(&s.fifo);
+    go(&s.go1);
     assert_eq!(imp.wait_for("vmm").rc(), 0);
     assert_eq!(imp.wait_for("release").rc(), 0);
     assert_eq!(imp.wait_for("vmm").rc(), 0);
@@ -97,7 +82,7 @@ fn exported_memory_stays_charged_to_the_group_after_its_exporter_exits() {
     let dev = SharedDevice::open(&s.devfile);
     let mut imp = importer(&s, false);
     export(&s, false);
-    go(&s.fifo);
+    go(&s.go1);
     assert_eq!(imp.wait_for("vmm").rc(), 2, "the group holds the exported memory: 200 MiB more is past 256");
     assert_eq!(imp.wait_for("vaunmap").rc(), 0);
     assert_eq!(imp.wait_for("release").rc(), 0);
@@ -125,8 +110,7 @@ fn a_killed_importer_gives_the_exported_memory_back() {
 fn both_members_alive_count_the_shared_memory_once() {
     // While the exporter still runs, its charge is the memory; the importer's mapping adds nothing.
     let s = setup();
-    let exporter_go = s.dir.join("go2");
-    assert!(std::process::Command::new("mkfifo").arg(&exporter_go).status().unwrap().success());
+    let exporter_go = scene::fifo(&s.dir, "go2");
     let mut imp = importer(&s, false);
     let ops = format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0 waitfifo {}", s.sock.display(), exporter_go.display());
     let exp = member(&s, false).args([ops]).spawn();
@@ -137,7 +121,7 @@ fn both_members_alive_count_the_shared_memory_once() {
     // The exporter ends first, then the importer goes on: the memory is still the group's.
     go(&exporter_go);
     exp.finish();
-    go(&s.fifo);
+    go(&s.go1);
     assert_eq!(imp.wait_for("vmm").rc(), 2);
     assert_eq!(imp.wait_for("vmm").rc(), 0);
     imp.finish();
@@ -175,7 +159,7 @@ fn late_importer(s: &Setup, bare: bool) -> Running {
     let ops = format!(
         "init ctx 0 fdlisten {} fdrecv fdack waitfifo {} import 0 vamap 0 200m fdclose 0 vmm 200m 0 info",
         s.sock.display(),
-        s.fifo.display()
+        s.go1.display()
     );
     let mut r = member(s, bare).args([ops]).spawn();
     assert_eq!(r.wait_for("fdlisten").rc(), 0);
@@ -201,7 +185,7 @@ fn an_fd_not_yet_imported_when_its_exporter_ends_stays_charged() {
     let mut imp = late_importer(&s, true);
     export(&s, true);
     assert_eq!(dev.held(), 200 * MIB, "bare: the fd in the importer keeps the exported memory");
-    go(&s.fifo);
+    go(&s.go1);
     assert_eq!(imp.wait_for("import").rc(), 0);
     assert_eq!(imp.wait_for("vmm").rc(), 0);
     imp.finish();
@@ -213,7 +197,7 @@ fn an_fd_not_yet_imported_when_its_exporter_ends_stays_charged() {
     export(&s, false);
     // Another member needs the budget before the import: it finds the exporter gone.
     third_member_is_refused(&s);
-    go(&s.fifo);
+    go(&s.go1);
     assert_eq!(imp.wait_for("import").rc(), 0);
     assert_eq!(imp.wait_for("vamap").rc(), 0);
     assert_eq!(imp.wait_for("vmm").rc(), 2, "the exported memory is still the group's: 200 MiB more is past 256");
@@ -229,14 +213,13 @@ fn a_killed_exporter_keeps_its_exports_charged() {
     let s = setup();
     let dev = SharedDevice::open(&s.devfile);
     let mut imp = late_importer(&s, false);
-    let hold = s.dir.join("hold");
-    assert!(std::process::Command::new("mkfifo").arg(&hold).status().unwrap().success());
+    let hold = scene::fifo(&s.dir, "hold");
     let ops = format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0 waitfifo {}", s.sock.display(), hold.display());
     let mut exp = member(&s, false).args([ops]).spawn();
     assert_eq!(exp.wait_for("release").rc(), 0);
     exp.sigkill();
     third_member_is_refused(&s);
-    go(&s.fifo);
+    go(&s.go1);
     assert_eq!(imp.wait_for("import").rc(), 0);
     assert_eq!(imp.wait_for("vamap").rc(), 0);
     assert_eq!(imp.wait_for("vmm").rc(), 2, "the killed exporter's memory is still the group's");
@@ -251,7 +234,7 @@ fn a_killed_exporter_keeps_its_exports_charged() {
 /// the test says go, and then waits for `hold` before it exits.
 fn receiver(s: &Setup, hold: &Path) -> Running {
     assert!(std::process::Command::new("mkfifo").arg(hold).status().unwrap().success());
-    let ops = format!("fdlisten {} fdrecv fdack waitfifo {} fdclose 0 waitfifo {}", s.sock.display(), s.fifo.display(), hold.display());
+    let ops = format!("fdlisten {} fdrecv fdack waitfifo {} fdclose 0 waitfifo {}", s.sock.display(), s.go1.display(), hold.display());
     let mut r = member(s, false).args([ops]).spawn();
     assert_eq!(r.wait_for("fdlisten").rc(), 0);
     r
@@ -261,8 +244,7 @@ fn receiver(s: &Setup, hold: &Path) -> Running {
 /// is killed: the only fd of the export is then the receiver's, not imported.
 fn killed_exporter_sent_to_receiver(s: &Setup, hold: &Path) -> Running {
     let rx = receiver(s, hold);
-    let stop = s.dir.join("stop");
-    assert!(std::process::Command::new("mkfifo").arg(&stop).status().unwrap().success());
+    let stop = scene::fifo(&s.dir, "stop");
     let ops = format!("init ctx 0 vmmfd 200m 0 export 0 fdsend 0 {} release 0 waitfifo {}", s.sock.display(), stop.display());
     let mut exp = member(s, false).args([ops]).spawn();
     assert_eq!(exp.wait_for("release").rc(), 0);
@@ -279,7 +261,7 @@ fn a_killed_exporters_memory_comes_back_when_its_last_fd_closes() {
     let hold = s.dir.join("hold");
     let mut rx = killed_exporter_sent_to_receiver(&s, &hold);
     third_member_is_refused(&s);
-    go(&s.fifo);
+    go(&s.go1);
     assert_eq!(rx.wait_for("fdclose").rc(), 0);
     let (rc, out) = ask(&s, "250m");
     assert_eq!(rc, 0, "its last fd closed: the group gave it back: {}", out);
@@ -322,7 +304,7 @@ fn a_sweep_that_cannot_see_the_locks_gives_nothing_back() {
         out.ok();
         assert_eq!(ask(&s, "100m").0, 2, "the fd still keeps the memory: {}", out.stdout);
     }
-    go(&s.fifo);
+    go(&s.go1);
     assert_eq!(rx.wait_for("fdclose").rc(), 0);
     go(&hold);
     rx.finish();
@@ -367,7 +349,7 @@ fn an_import_keeps_only_the_allocation_it_imported() {
     let ops = format!(
         "init ctx 0 fdlisten {} fdrecv import 0 vamap 0 100m fdclose 0 fdack waitfifo {}",
         s.sock.display(),
-        s.fifo.display()
+        s.go1.display()
     );
     let mut imp = member(&s, false).args([ops]).spawn();
     assert_eq!(imp.wait_for("fdlisten").rc(), 0);
@@ -382,7 +364,7 @@ fn an_import_keeps_only_the_allocation_it_imported() {
     // A's are still the group's: 200 MiB more do not fit.
     let (rc, out) = ask(&s, "200m");
     assert_eq!(rc, 2, "A's memory is mapped by the importer: {}", out);
-    go(&s.fifo);
+    go(&s.go1);
     imp.finish();
     let (rc, out) = ask(&s, "250m");
     assert_eq!(rc, 0, "{}", out);

@@ -12,42 +12,27 @@
 
 use vramcap_tests::common;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-struct Setup {
-    dir: PathBuf,
-    devfile: PathBuf,
-    sock: PathBuf,
-    go1: PathBuf,
-    go2: PathBuf,
-}
+use super::scene::{self, Scene as Setup, go};
 
 fn setup() -> Setup {
-    let dir = private_group_dir();
-    let (go1, go2) = (dir.join("go1"), dir.join("go2"));
-    for f in [&go1, &go2] {
-        assert!(std::process::Command::new("mkfifo").arg(f).status().unwrap().success());
-    }
-    Setup { devfile: dir.join("device"), sock: dir.join("sock"), go1, go2, dir }
+    let s = scene::scene_alone();
+    scene::fifo(&s.dir, "go2");
+    s
 }
 
 /// A process on the shared fake device, with no group (preloaded unless `bare`).
 fn plain(s: &Setup, bare: bool) -> Run {
-    let r = Run::client("client_linked").env("FAKECUDA_SHARED_DEVICE", &s.devfile);
+    let r = scene::on_device(s, Run::client("client_linked"));
     if bare { r.bare() } else { r }
 }
 
 /// A member of group `name` (256 MiB), or the same process on the bare fake (`bare`).
 fn in_group(s: &Setup, name: &str, bare: bool) -> Run {
-    plain(s, bare)
-        .env("VRAMCAP_GROUP", name)
-        .env("VRAMCAP_GROUP_DIR", &s.dir)
-        .env("VRAMCAP_GROUP_LIMIT", "256m")
+    scene::in_group(s, name, plain(s, bare))
 }
 
-fn go(fifo: &Path) {
-    drop(std::fs::OpenOptions::new().write(true).open(fifo).unwrap());
-}
 
 /// Starts importer `r` running `ops` (which must begin by listening on the socket).
 fn start(r: Run, ops: String) -> Running {
@@ -221,7 +206,7 @@ fn attack_a_disabled_importer_keeps_the_memory_charged_after_its_import_ended() 
         "init ctx 0 fdlisten {} fdrecv import 0 vamap 0 200m fdclose 0 fdack waitfifo {} vaunmap 0 release 0 waitfifo {}",
         s.sock.display(),
         s.go1.display(),
-        s.go2.display()
+        s.dir.join("go2").display()
     );
     let mut i = start(plain(&s, false).env("VRAMCAP_DISABLE", "1"), ops);
     export(&s, false);
@@ -231,7 +216,7 @@ fn attack_a_disabled_importer_keeps_the_memory_charged_after_its_import_ended() 
     assert_eq!(i.wait_for("release").rc(), 0);
     let held = dev.held();
     let (rc, out) = ask(&s, "200m");
-    go(&s.go2);
+    go(&s.dir.join("go2"));
     i.finish();
     assert_eq!(held, 0, "the device freed the memory with the import's end");
     assert_eq!(rc, 0, "xg refused 200 MiB of 256 while the device holds nothing of it: {out}");

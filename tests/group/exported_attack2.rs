@@ -10,38 +10,24 @@
 
 use vramcap_tests::common;
 use common::*;
-use std::path::{Path, PathBuf};
 
-struct Setup {
-    dir: PathBuf,
-    devfile: PathBuf,
-    go1: PathBuf,
-}
+use super::scene::{self, Scene as Setup, go};
 
 fn setup() -> Setup {
-    let dir = private_group_dir();
-    let go1 = dir.join("go1");
-    assert!(std::process::Command::new("mkfifo").arg(&go1).status().unwrap().success());
-    Setup { devfile: dir.join("device"), go1, dir }
+    scene::scene()
 }
 
 /// A process on the shared fake device, with no group (preloaded unless `bare`).
 fn plain(s: &Setup, bare: bool) -> Run {
-    let r = Run::client("client_linked").env("FAKECUDA_SHARED_DEVICE", &s.devfile);
+    let r = scene::on_device(s, Run::client("client_linked"));
     if bare { r.bare() } else { r }
 }
 
 /// A member of group `name` (256 MiB), or the same process on the bare fake (`bare`).
 fn in_group(s: &Setup, name: &str, bare: bool) -> Run {
-    plain(s, bare)
-        .env("VRAMCAP_GROUP", name)
-        .env("VRAMCAP_GROUP_DIR", &s.dir)
-        .env("VRAMCAP_GROUP_LIMIT", "256m")
+    scene::in_group(s, name, plain(s, bare))
 }
 
-fn go(fifo: &Path) {
-    drop(std::fs::OpenOptions::new().write(true).open(fifo).unwrap());
-}
 
 /// A new member of `xg` asks for `size`: the call's rc (2: out of memory) and its output.
 fn ask(s: &Setup, size: &str) -> (i64, String) {

@@ -5,23 +5,13 @@
 
 use vramcap_tests::common;
 use common::*;
-use std::path::{Path, PathBuf};
 
 const BUDGET: u64 = 256 * MIB;
 
-struct Setup {
-    dir: PathBuf,
-    devfile: PathBuf,
-    sock: PathBuf,
-    sock2: PathBuf,
-    hold: PathBuf,
-}
+use super::scene::{self, Scene as Setup, go};
 
 fn setup() -> Setup {
-    let dir = private_group_dir();
-    let hold = dir.join("hold");
-    assert!(std::process::Command::new("mkfifo").arg(&hold).status().unwrap().success());
-    Setup { devfile: dir.join("device"), sock: dir.join("sock"), sock2: dir.join("sock2"), hold, dir }
+    scene::scene()
 }
 
 fn member(s: &Setup, bare: bool) -> Run {
@@ -30,17 +20,10 @@ fn member(s: &Setup, bare: bool) -> Run {
 
 /// A member run through one of the three front ends (linked, `dlsym`, `cuGetProcAddress`).
 fn member_as(s: &Setup, bare: bool, client: &str) -> Run {
-    let r = Run::client(client)
-        .env("VRAMCAP_GROUP", "xg")
-        .env("VRAMCAP_GROUP_DIR", &s.dir)
-        .env("VRAMCAP_GROUP_LIMIT", "256m")
-        .env("FAKECUDA_SHARED_DEVICE", &s.devfile);
+    let r = scene::in_group(s, "xg", Run::client(client));
     if bare { r.bare() } else { r }
 }
 
-fn go(fifo: &Path) {
-    drop(std::fs::OpenOptions::new().write(true).open(fifo).unwrap());
-}
 
 /// E exports 200 MiB to member I; I imports it, closes the received fd, *re-exports its imported
 /// handle* (`cuMemExportToShareableHandle` on a handle from `cuMemImportFromShareableHandle`: the
@@ -49,7 +32,7 @@ fn go(fifo: &Path) {
 /// lives on the device (R's fd keeps it and R may import it at any time), so the group must still
 /// hold it.
 fn chain(s: &Setup, bare: bool) -> Running {
-    let rx = format!("fdlisten {} fdrecv fdack waitfifo {} fdclose 0", s.sock2.display(), s.hold.display());
+    let rx = format!("fdlisten {} fdrecv fdack waitfifo {} fdclose 0", s.sock2.display(), s.go1.display());
     let mut r = member(s, bare).args([rx]).spawn();
     assert_eq!(r.wait_for("fdlisten").rc(), 0);
     let imp = format!(
@@ -76,7 +59,7 @@ fn a_reexported_import_keeps_the_memory_charged_after_exporter_and_importer_end(
     let dev = SharedDevice::open(&s.devfile);
     let r = chain(&s, true);
     assert_eq!(dev.held(), 200 * MIB, "bare: the re-exported fd keeps the memory");
-    go(&s.hold);
+    go(&s.go1);
     r.finish();
 
     // In the group: 250 MiB more while the 200 MiB still live is past the 256 MiB budget.
@@ -87,7 +70,7 @@ fn a_reexported_import_keeps_the_memory_charged_after_exporter_and_importer_end(
     let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
     let rc = out.nth("vmm", 0).rc();
     let held = dev.held();
-    go(&s.hold);
+    go(&s.go1);
     r.finish();
     assert_eq!(rc, 2, "granted 250 MiB while the device holds {} MiB of the group's memory (budget 256)", held / MIB);
 }
@@ -116,7 +99,7 @@ fn imported_by_another_group(c: &str) {
     let ops = format!(
         "init ctx 0 fdlisten {} fdrecv import 0 vamap 0 200m fdclose 0 fdack waitfifo {} vmm 200m 0",
         s.sock.display(),
-        s.hold.display()
+        s.go1.display()
     );
     let mut i = in_named(&s, "g", c).args([ops]).spawn();
     assert_eq!(i.wait_for("fdlisten").rc(), 0);
@@ -126,7 +109,7 @@ fn imported_by_another_group(c: &str) {
     let ask = in_named(&s, "h", c).args(["init ctx 0 vmm 250m 0 waitfifo /dev/null"]).spawn();
     let mut ask = ask;
     let h_rc = ask.wait_for("vmm").rc();
-    go(&s.hold);
+    go(&s.go1);
     let g_rc = i.wait_for("vmm").rc();
     i.finish();
     ask.finish();

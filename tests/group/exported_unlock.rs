@@ -11,41 +11,25 @@
 
 use vramcap_tests::common;
 use common::*;
-use std::path::{Path, PathBuf};
 
-struct Setup {
-    dir: PathBuf,
-    devfile: PathBuf,
-    sock: PathBuf,
-    hold: PathBuf,
-}
+use super::scene::{self, Scene as Setup, go};
 
 fn setup() -> Setup {
-    let dir = private_group_dir();
-    let hold = dir.join("hold");
-    assert!(std::process::Command::new("mkfifo").arg(&hold).status().unwrap().success());
-    Setup { devfile: dir.join("device"), sock: dir.join("sock"), hold, dir }
+    scene::scene()
 }
 
 /// A member of group `xg` (256 MiB), or the same process on the bare fake (`bare`).
 fn member(s: &Setup, bare: bool) -> Run {
-    let r = Run::client("client_linked")
-        .env("VRAMCAP_GROUP", "xg")
-        .env("VRAMCAP_GROUP_DIR", &s.dir)
-        .env("VRAMCAP_GROUP_LIMIT", "256m")
-        .env("FAKECUDA_SHARED_DEVICE", &s.devfile);
+    let r = scene::in_group(s, "xg", Run::client("client_linked"));
     if bare { r.bare() } else { r }
 }
 
-fn go(fifo: &Path) {
-    drop(std::fs::OpenOptions::new().write(true).open(fifo).unwrap());
-}
 
 /// The exporter: 200 MiB exported as an fd, the whole file unlocked (from byte 3), the fd sent to
 /// a holder that unlocks it too and just holds it; the exporter releases and exits. Returns the
 /// holder, still holding the fd, and both unlocks' lines.
 fn unlocked_and_held(s: &Setup, bare: bool) -> (Running, Line, Line) {
-    let ops = format!("fdlisten {} fdrecv fdunlock 0 3 fdack waitfifo {} fdclose 0", s.sock.display(), s.hold.display());
+    let ops = format!("fdlisten {} fdrecv fdunlock 0 3 fdack waitfifo {} fdclose 0", s.sock.display(), s.go1.display());
     let mut holder = member(s, bare).args([ops]).spawn();
     assert_eq!(holder.wait_for("fdlisten").rc(), 0);
     let ops = format!("init ctx 0 vmmfd 200m 0 export 0 fdunlock 0 3 fdsend 0 {} release 0", s.sock.display());
@@ -68,7 +52,7 @@ fn unlocking_the_exported_fd_keeps_its_memory_charged_while_a_holder_keeps_the_f
         assert_eq!((l.rc(), l.num("app"), l.num("kept")), (0, 0, 0), "bare: the unlock removes every lock it covers: {l:?}");
     }
     assert_eq!(dev.held(), 200 * MIB, "bare: the held fd keeps the exporter's memory");
-    go(&s.hold);
+    go(&s.go1);
     holder.finish();
 
     // In the group: both unlocks remove the application's own lock and leave vramcap's, so a
@@ -83,7 +67,7 @@ fn unlocking_the_exported_fd_keeps_its_memory_charged_while_a_holder_keeps_the_f
     }
     let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();
     let (rc, held) = (out.nth("vmm", 0).rc(), dev.held());
-    go(&s.hold);
+    go(&s.go1);
     holder.finish();
     assert_eq!(rc, 2, "granted 250 MiB while the device holds {} MiB of the group's (budget 256)", held / MIB);
     let out = member(&s, false).args(["init ctx 0 vmm 250m 0"]).run();

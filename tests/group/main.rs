@@ -11,5 +11,6 @@ mod exported_open;
 mod exported_unlock;
 mod exported_attack;
 mod exported_attack2;
+mod scene;
 mod live_budget;
 mod replay_agrees;

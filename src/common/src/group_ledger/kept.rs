@@ -310,32 +310,6 @@ impl Shared {
         moved
     }
 
-    /// [`Self::sweep_exports`] over `/proc/locks`, paced: this process reads the list at most once
-    /// per [`PACE_MS`] (a sweep runs before every denial, and each reading of a long list holds
-    /// the kernel's file-lock lock against every `fcntl` lock on the machine); a sweep inside the
-    /// pace reads nothing and decides only what needs no reading. The cost of the pace is a
-    /// denial at most that long after an fd closed (it errs towards denying).
-    pub fn sweep_exports_paced(&self) -> u64 {
-        static LAST: AtomicU64 = AtomicU64::new(0);
-        self.sweep_paced(&proc_locks, monotonic_ms(), &LAST)
-    }
-
-    pub(super) fn sweep_paced(&self, locks: &dyn Fn() -> Option<Vec<Lock>>, now: u64, last: &AtomicU64) -> u64 {
-        let before = last.load(Acquire);
-        if before != 0 && now.saturating_sub(before) < PACE_MS {
-            return self.sweep_exports(&|| None);
-        }
-        let read = std::sync::atomic::AtomicBool::new(false);
-        let moved = self.sweep_exports(&|| {
-            read.store(true, Relaxed);
-            locks()
-        });
-        if read.load(Relaxed) {
-            last.store(now.max(1), Release);
-        }
-        moved
-    }
-
     /// Whether a lock in `locks` keeps allocation `a` (its exports' files as recorded).
     fn kept_by(&self, a: &Allocation, locks: &[Lock]) -> bool {
         let files: Vec<(u64, u64)> = a
@@ -445,15 +419,6 @@ fn read_whole(path: &str) -> Option<String> {
         }
     }
     String::from_utf8(out).ok()
-}
-
-/// How often a process reads `/proc/locks` for sweeps at most ([`Shared::sweep_exports_paced`]).
-pub const PACE_MS: u64 = 100;
-
-fn monotonic_ms() -> u64 {
-    let mut t: libc::timespec = unsafe { std::mem::zeroed() };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    (t.tv_sec as u64).saturating_mul(1000).saturating_add(t.tv_nsec as u64 / 1_000_000)
 }
 
 /// A lock byte past every id: this process's own probe (ids count exports, far below 2^40).

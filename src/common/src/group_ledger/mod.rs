@@ -35,6 +35,6 @@ pub mod shm;
 /// before a denial, the sidecar on its sweep, `vramcap limit` before it shows the books.
 pub fn reclaim_in(s: &shm::Shared) -> (usize, u64) {
     let r = s.reclaim_dead(std::process::id(), &file::liveness);
-    s.sweep_exports_paced();
+    s.sweep_exports(&kept::proc_locks);
     r
 }

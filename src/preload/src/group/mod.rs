@@ -247,7 +247,7 @@ pub fn attach(cfg: &GroupConfig, devices: &[DeviceInfo], limits: Option<&[u64]>,
     }
     // Exported memory of ended members that no fd keeps any more goes back as a member joins
     // (`/proc/locks` is read only when such memory waits for a look).
-    s.sweep_exports_paced();
+    s.sweep_exports(&vramcap_common::group_ledger::kept::proc_locks);
     for (d, &e) in entries.iter().enumerate() {
         ENTRY[d].store(e as u16, Release);
     }

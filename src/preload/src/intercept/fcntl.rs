@@ -108,12 +108,53 @@ pub unsafe fn hook(fd: c_int, cmd: c_int, arg: usize, real: FcntlFn) -> c_int {
         return unsafe { real(fd, cmd, &req as *const libc::flock as usize) };
     }
     let saved = errno();
-    let file = file_of(fd).filter(|&f| remembered(f));
+    let file = file_of(fd);
+    let ours = file.filter(|&f| remembered(f)).map(Some).or_else(|| exported_kind(fd).then_some(None));
     set_errno(saved);
-    match file {
+    match ours {
         // Every application's own file: nothing of ours on it.
         None => unsafe { real(fd, cmd, &req as *const libc::flock as usize) },
         Some(file) => unsafe { unlock_keeping_ours(fd, cmd, &req, real, file) },
+    }
+}
+
+/// Whether `fd` is of the kinds of file a driver exports memory as (a character device, the real
+/// driver's; a memfd, the fake's): a process that holds one without having exported or imported
+/// it (vramcap remembers nothing of it) still keeps the one-byte read locks it finds in the id
+/// bytes through an unlock. Applications' own files (regular files, sockets, pipes) never get
+/// this: no byte of theirs is taken again.
+fn exported_kind(fd: c_int) -> bool {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return false;
+    }
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFCHR => true,
+        libc::S_IFREG => {
+            let mut path = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0\0";
+            fd_path(fd, &mut path, 14);
+            let mut link = [0u8; 16];
+            let n = unsafe { libc::readlink(path.as_ptr().cast(), link.as_mut_ptr().cast(), link.len()) };
+            n >= 7 && link.starts_with(b"/memfd:")
+        }
+        _ => false,
+    }
+}
+
+/// Writes `fd`'s decimal digits into `path` at `at` (a NUL-filled buffer with room for 10).
+fn fd_path(fd: c_int, path: &mut [u8], at: usize) {
+    let mut digits = [0u8; 10];
+    let (mut v, mut k) = (fd as u32, 0);
+    loop {
+        digits[k] = b'0' + (v % 10) as u8;
+        k += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for (i, d) in digits[..k].iter().rev().enumerate() {
+        path[at + i] = *d;
     }
 }
 
@@ -125,10 +166,13 @@ fn remembered((dev, ino): (u64, u64)) -> bool {
 /// The unlock, on a file vramcap locked bytes of: the description's locks of ours it holds now
 /// are taken again after it. Out of line: its buffers stay off the common path's stack.
 #[inline(never)]
-unsafe fn unlock_keeping_ours(fd: c_int, cmd: c_int, req: &libc::flock, real: FcntlFn, file: (u64, u64)) -> c_int {
+unsafe fn unlock_keeping_ours(fd: c_int, cmd: c_int, req: &libc::flock, real: FcntlFn, file: Option<(u64, u64)>) -> c_int {
     let saved = errno();
     let mut ours = [0u64; MINE];
-    let n = held_of_ours(fd, file, &mut ours);
+    let n = match file {
+        Some(file) => held_of_ours(fd, file, &mut ours),
+        None => one_byte_reads(fd, &mut ours),
+    };
     set_errno(saved);
     let rc = unsafe { real(fd, cmd, req as *const libc::flock as usize) };
     if rc == 0 && n > 0 {
@@ -182,30 +226,41 @@ fn held_of_ours(fd: c_int, (dev, ino): (u64, u64), out: &mut [u64; MINE]) -> usi
 /// Marks in `covered` which of `bytes` a lock of `fd`'s description covers, as
 /// `/proc/self/fdinfo/FD` lists them; false when the list cannot be read.
 fn covered_by_locks(fd: c_int, bytes: &[u64], covered: &mut [bool; MINE]) -> bool {
+    each_lock(fd, &mut |first, last, _| {
+        for (i, &b) in bytes.iter().enumerate() {
+            covered[i] |= first <= b && b <= last;
+        }
+    })
+}
+
+/// The one-byte read locks in the id bytes (`[LOCK_BASE, 2 * LOCK_BASE)`) of `fd`'s description,
+/// into `out`; how many (0 when the list cannot be read).
+fn one_byte_reads(fd: c_int, out: &mut [u64; MINE]) -> usize {
+    let mut n = 0;
+    each_lock(fd, &mut |first, last, read| {
+        if read && first == last && (LOCK_BASE..LOCK_BASE << 1).contains(&first) && n < MINE {
+            out[n] = first;
+            n += 1;
+        }
+    });
+    n
+}
+
+/// Calls `f(first, last, read)` for each OFD lock of `fd`'s description that
+/// `/proc/self/fdinfo/FD` lists; false when the list cannot be read.
+fn each_lock(fd: c_int, f: &mut dyn FnMut(u64, u64, bool)) -> bool {
     if fd < 0 {
         return false;
     }
     let mut path = *b"/proc/self/fdinfo/\0\0\0\0\0\0\0\0\0\0\0\0";
-    let mut digits = [0u8; 10];
-    let (mut v, mut k) = (fd as u32, 0);
-    loop {
-        digits[k] = b'0' + (v % 10) as u8;
-        k += 1;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for (i, d) in digits[..k].iter().rev().enumerate() {
-        path[18 + i] = *d;
-    }
-    let f = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if f < 0 {
+    fd_path(fd, &mut path, 18);
+    let file = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if file < 0 {
         return false;
     }
     let (mut buf, mut line, mut len, mut ok) = ([0u8; 1024], [0u8; 256], 0usize, true);
     loop {
-        let got = unsafe { libc::read(f, buf.as_mut_ptr().cast(), buf.len()) };
+        let got = unsafe { libc::read(file, buf.as_mut_ptr().cast(), buf.len()) };
         if got < 0 {
             ok = false;
         }
@@ -223,14 +278,12 @@ fn covered_by_locks(fd: c_int, bytes: &[u64], covered: &mut [bool; MINE]) -> boo
             if len <= line.len()
                 && let Some((first, last)) = lock_range(&line[..len])
             {
-                for (i, &b) in bytes.iter().enumerate() {
-                    covered[i] |= first <= b && b <= last;
-                }
+                f(first, last, line[..len].windows(6).any(|w| w == b" READ "));
             }
             len = 0;
         }
     }
-    unsafe { libc::close(f) };
+    unsafe { libc::close(file) };
     ok
 }
 

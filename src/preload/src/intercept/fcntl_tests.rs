@@ -31,6 +31,18 @@ fn vramcap_lock(fd: c_int, k: u64) -> i64 {
 
 // ---- real kernel locks, through the hooks (not exported in tests: called by name) ----
 
+/// An application's own file: a regular file on disk (unlinked), not the kind a driver exports.
+fn app_file() -> c_int {
+    use std::sync::atomic::AtomicU32;
+    static N: AtomicU32 = AtomicU32::new(0);
+    let p = std::env::temp_dir().join(format!("fcntl-app-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o600) };
+    assert!(fd >= 0);
+    unsafe { libc::unlink(c.as_ptr()) };
+    fd
+}
+
 fn memfd() -> c_int {
     let fd = unsafe { libc::memfd_create(c"fcntl-hook".as_ptr(), libc::MFD_CLOEXEC) };
     assert!(fd >= 0);
@@ -112,12 +124,26 @@ fn a_lock_the_application_merged_with_ours_is_taken_again_after_its_unlock() {
     assert_eq!(held(fd), vec![(v, Some(v))]);
     // A file vramcap locked nothing on: the application's unlock goes as it came, even of a byte
     // in vramcap's range (an application may lock any offset).
-    let other = memfd();
+    let other = app_file();
     assert_eq!(ofd(other, libc::F_RDLCK, libc::SEEK_SET, v, 1), (0, 0));
     assert_eq!(ofd(other, libc::F_UNLCK, libc::SEEK_SET, 0, 0), (0, 0));
     assert_eq!(held(other), vec![]);
     unsafe { libc::close(fd) };
     unsafe { libc::close(other) };
+}
+
+/// A process that holds an exported fd it neither exported nor imported (vramcap remembers
+/// nothing of it) keeps the one-byte read locks in the id bytes through an unlock, on the kinds
+/// of file a driver exports (a memfd here, a character device for the real driver) only.
+#[test]
+fn a_holder_of_an_exported_fd_keeps_its_id_lock_through_an_unlock() {
+    let fd = memfd();
+    let byte = LOCK_BASE + 77_777_777;
+    assert!(lock_byte(fd, byte), "the exporter's lock, in another process");
+    assert_eq!(ofd(fd, libc::F_RDLCK, libc::SEEK_SET, 0, 10), (0, 0));
+    assert_eq!(ofd(fd, libc::F_UNLCK, libc::SEEK_SET, 0, 0), (0, 0));
+    assert_eq!(held(fd), vec![(byte as i64, Some(byte as i64))]);
+    unsafe { libc::close(fd) };
 }
 
 #[test]
@@ -233,7 +259,7 @@ fn free_for_writer(other: c_int, b: i64) -> bool {
 /// application keeps a lock it released, and writers on other descriptions are refused for good.
 #[test]
 fn attack_an_applications_own_high_byte_read_lock_survives_its_unlock() {
-    let a = memfd();
+    let a = app_file();
     let b = reopen(a);
     let byte = B + 12_345;
     assert_eq!(ofd(a, libc::F_RDLCK, libc::SEEK_SET, byte, 1), (0, 0), "the application's own read lock");
