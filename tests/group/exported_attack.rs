@@ -56,9 +56,19 @@ fn ask(s: &Setup, size: &str) -> (i64, String) {
     (out.nth("vmm", 0).rc(), out.stdout)
 }
 
+/// A new member of `xg` asks 250 MiB while I still holds E's 200 MiB: refused (rc 2); then I is
+/// told to go on and finish.
+fn refused_while_held(s: &Setup, dev: &SharedDevice, i: Running) {
+    let (rc, out) = ask(s, "250m");
+    let held = dev.held();
+    go(&s.go1);
+    i.finish();
+    assert_eq!(rc, 2, "xg granted 250 MiB (the device then held {} MiB: its 200 MiB still live, plus the 250 granted; budget 256): {out}", held / MIB);
+}
+
 /// I's ops when it holds the received description's own whole-file OFD read lock (`fdlock`, what
 /// an application locking the file it received does): the kernel merges it with the exporter's
-/// one-byte lock into one range `0..EOF`, and `shareable::imported_id` then finds no id.
+/// one-byte lock into one range `0..EOF`, and `shareable::origin` then finds no single id.
 fn merged_ops(s: &Setup) -> String {
     format!(
         "init ctx 0 fdlisten {} fdrecv fdlock 0 import 0 vamap 0 200m fdclose 0 fdack waitfifo {} vaunmap 0 release 0",
@@ -94,11 +104,7 @@ fn attack_merged_lock_import_outside_any_group_is_given_back() {
     assert_eq!(i.wait_for("import").rc(), 0);
     assert_eq!(i.wait_for("vamap").rc(), 0);
     assert_eq!(i.wait_for("fdclose").rc(), 0);
-    let (rc, out) = ask(&s, "250m");
-    let held = dev.held();
-    go(&s.go1);
-    i.finish();
-    assert_eq!(rc, 2, "xg granted 250 MiB (the device then held {} MiB: its 200 MiB still live, plus the 250 granted; budget 256): {out}", held / MIB);
+    refused_while_held(&s, &dev, i);
 }
 
 /// FINDING (bypass), the same with I in another group `g`: there the import counts as one of
@@ -112,11 +118,7 @@ fn attack_merged_lock_import_in_another_group_is_given_back() {
     assert_eq!(i.wait_for("import").rc(), 0);
     assert_eq!(i.wait_for("vamap").rc(), 0);
     assert_eq!(i.wait_for("fdclose").rc(), 0);
-    let (rc, out) = ask(&s, "250m");
-    let held = dev.held();
-    go(&s.go1);
-    i.finish();
-    assert_eq!(rc, 2, "xg granted 250 MiB (the device then held {} MiB: its 200 MiB still live, plus the 250 granted; budget 256): {out}", held / MIB);
+    refused_while_held(&s, &dev, i);
 }
 
 /// I (member of `xg`) imports, maps, releases (the mapping keeps the memory), imports the same fd
@@ -186,11 +188,7 @@ fn attack_closing_the_keeper_memfd_forgets_live_imports() {
     assert_eq!(i.wait_for("vamap").rc(), 0);
     let c = i.wait_for("closememfd");
     assert_eq!(c.rc(), 0, "the keeper memfd is there to close");
-    let (rc, out) = ask(&s, "250m");
-    let held = dev.held();
-    go(&s.go1);
-    i.finish();
-    assert_eq!(rc, 2, "xg granted 250 MiB (the device then held {} MiB: its 200 MiB still live, plus the 250 granted; budget 256): {out}", held / MIB);
+    refused_while_held(&s, &dev, i);
 }
 
 /// FINDING (false denial): a preloaded importer with `VRAMCAP_DISABLE=1` (PassThrough) still runs
@@ -270,7 +268,7 @@ fn attack_reexport_of_an_unknown_origin_import_is_forgotten() {
 
 /// FINDING (bypass): an importer that cannot read its own `/proc/self/fdinfo` (a sandbox that
 /// hides it; here a bind mount of an empty directory over it) finds no id on the fd
-/// (`shareable::imported_id` answers `None`), and outside a group its import is then counted
+/// (`shareable::imported_id`, now `origin`, answered `None`), and outside a group its import was counted
 /// nowhere. The exporter's side of the same failure (a `/proc/locks` it cannot see) fails closed
 /// ("undecidable" until an operator drops it); the importer's side fails open: `xg` gives back the
 /// 200 MiB while I maps them.

@@ -495,7 +495,7 @@ pub enum Counted {
 const NO_CARRY: Carry = (0, 0);
 
 /// Before `cuMemImportFromShareableHandle` of a handle exported from allocation `from` (as its
-/// fd's lock says, `shareable::imported_id`): the import this process may hold is shown from
+/// fd's lock says, `shareable::origin`): the import this process may hold is shown from
 /// before the driver call on (an fd closed meanwhile must find it shown), until [`import_end`]
 /// finds it was none.
 pub fn import_begin(from: Option<Carry>) -> Counted {
