@@ -58,7 +58,7 @@ struct client_fd *client_fd_at(const char *s)
 {
     long k = client_parse_long(s);
     if (k < 0 || k >= g_nfd) {
-        fprintf(stderr, "client: no exported fd %s\n", s ? s : "(missing)");
+        fprintf(stderr, "client: no fd %s\n", s ? s : "(missing)");
         exit(2);
     }
     return &g_fd[k];
@@ -69,15 +69,6 @@ static int g_listen = -1, g_conn = -1, g_exit_fd = -1;
 /* The application's own use of its fd at exit (after every handler registered later): open? */
 static void exit_fd(void) { OUT("exitfd rc=%d", g_exit_fd < g_nfd && fcntl(g_fd[g_exit_fd].fd, F_GETFD) >= 0 ? 0 : 1); }
 
-static int fd_at(const char *s)
-{
-    long k = client_parse_long(s);
-    if (k < 0 || k >= g_nfd) {
-        fprintf(stderr, "client: no fd %s\n", s ? s : "(missing)");
-        exit(2);
-    }
-    return (int)k;
-}
 
 static struct sockaddr_un unix_addr(const char *path)
 {
@@ -153,12 +144,12 @@ int client_fd_op(const char *op, int argc, char **argv)
 {
 #define FARG(i) ((i) < argc ? argv[i] : NULL)
     if (!strcmp(op, "fdclose")) {
-        int k = fd_at(FARG(0));
+        int k = (int)(client_fd_at(FARG(0)) - g_fd);
         OUT("fdclose rc=%d", close(g_fd[k].fd) == 0 ? 0 : 1);
         return 2;
     }
     if (!strcmp(op, "fdlock")) {
-        int k = fd_at(FARG(0));
+        int k = (int)(client_fd_at(FARG(0)) - g_fd);
         struct flock l = { .l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0 };
         OUT("fdlock rc=%d", fcntl(g_fd[k].fd, F_OFD_SETLK, &l) == 0 ? 0 : 1);
         return 2;
@@ -202,7 +193,7 @@ int client_fd_op(const char *op, int argc, char **argv)
         return 1;
     }
     if (!strcmp(op, "fdsend")) {
-        int k = fd_at(FARG(0)), ok = 0;
+        int k = (int)(client_fd_at(FARG(0)) - g_fd), ok = 0;
         struct sockaddr_un a = unix_addr(FARG(1));
         int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         char byte;
@@ -216,7 +207,7 @@ int client_fd_op(const char *op, int argc, char **argv)
         return 3;
     }
     if (!strcmp(op, "fdunlock")) {
-        int fd = g_fd[fd_at(FARG(0))].fd, rc;
+        int fd = client_fd_at(FARG(0))->fd, rc;
         long long from = client_parse_long(FARG(1));
         struct flock l = { .l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 16, .l_len = 16 };
         rc = fcntl(fd, F_OFD_SETLK, &l);

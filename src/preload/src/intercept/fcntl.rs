@@ -50,10 +50,15 @@ struct Mine {
 static TABLE: [Mine; MINE] =
     [const { Mine { state: AtomicU64::new(0), dev: AtomicU64::new(0), ino: AtomicU64::new(0), byte: AtomicU64::new(0) } }; MINE];
 
+/// `fstat(fd)`; `None` for a bad fd.
+fn stat_of(fd: c_int) -> Option<libc::stat> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st)
+}
+
 /// A file's identity from `fstat` (device, inode); `None` for a bad fd.
 pub fn file_of(fd: c_int) -> Option<(u64, u64)> {
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    stat_of(fd).map(|st| (st.st_dev, st.st_ino))
 }
 
 /// vramcap locked `byte` (in its range) on `fd`'s file: remembered for the life of the process
@@ -108,8 +113,10 @@ pub unsafe fn hook(fd: c_int, cmd: c_int, arg: usize, real: FcntlFn) -> c_int {
         return unsafe { real(fd, cmd, &req as *const libc::flock as usize) };
     }
     let saved = errno();
-    let file = file_of(fd);
-    let ours = file.filter(|&f| remembered(f)).map(Some).or_else(|| exported_kind(fd).then_some(None));
+    let ours = stat_of(fd).and_then(|st| {
+        let file = (st.st_dev, st.st_ino);
+        if remembered(file) { Some(Some(file)) } else { exported_kind(fd, &st).then_some(None) }
+    });
     set_errno(saved);
     match ours {
         // Every application's own file: nothing of ours on it.
@@ -123,11 +130,7 @@ pub unsafe fn hook(fd: c_int, cmd: c_int, arg: usize, real: FcntlFn) -> c_int {
 /// it (vramcap remembers nothing of it) still keeps the one-byte read locks it finds in the id
 /// bytes through an unlock. Applications' own files (regular files, sockets, pipes) never get
 /// this: no byte of theirs is taken again.
-fn exported_kind(fd: c_int) -> bool {
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return false;
-    }
+fn exported_kind(fd: c_int, st: &libc::stat) -> bool {
     match st.st_mode & libc::S_IFMT {
         libc::S_IFCHR => true,
         libc::S_IFREG => {

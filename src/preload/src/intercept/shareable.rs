@@ -252,6 +252,30 @@ mod tests {
         unsafe { libc::close(fd) };
     }
 
+    /// A forked child shares the keeper's open file description (locks are the description's):
+    /// were it to release an import it inherited, it would unlock the parent's. The child's fork
+    /// handler drops its copy and its counts, so its release unlocks nothing, and its exit leaves
+    /// the parent's lock in place.
+    #[test]
+    fn a_forked_child_cannot_release_its_parents_import() {
+        let span = (LOCK_BASE + 424_242, LOCK_BASE + 424_242);
+        assert!(keep(span));
+        let fd = KEEPER.lock().fd;
+        let listed = || fd_locks(fd).unwrap().iter().any(|l| l.2 <= span.0 && span.0 <= l.3);
+        assert!(listed());
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            release(span);
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status));
+        assert!(listed(), "the child unlocked the parent's import");
+        release(span);
+        assert!(!listed());
+    }
+
     #[test]
     fn what_cannot_be_watched_says_so() {
         let fabric = [0u8; 64];
